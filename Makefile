@@ -1,0 +1,41 @@
+# gputop -- every target creates the virtualenv first if it is missing.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint bench screenshots clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch pinned to the CPU wheel first, so nothing later resolves a CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[demo,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced)
+	$(BIN)/gputop demo --scenario $(or $(SCENARIO),input-bound)
+
+test: $(STAMP)  ## run the whole test suite
+	$(BIN)/pytest -q
+
+lint: $(STAMP)  ## ruff and mypy
+	$(BIN)/ruff check probe tui tests bench
+	$(BIN)/ruff format --check probe tui tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
+	$(BIN)/python bench/probe_overhead.py
+	$(BIN)/python bench/sampler_cost.py
+	$(BIN)/python bench/demo_throughput.py
+
+screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
+	$(BIN)/python -m tui.screenshots screenshots
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

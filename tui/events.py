@@ -1,0 +1,54 @@
+"""What a data source hands the viewer. Produced on a background thread, applied to the
+viewer state on the UI thread (see ``tui.source`` for the real source, tests use fakes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from probe.messages import Message
+
+
+@dataclass(frozen=True)
+class Received:
+    """A decoded message. ``received`` is the viewer's Unix time of arrival."""
+
+    message: Message
+    received: float
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """Something arrived that could not be decoded. ``text`` says what, for the user.
+
+    ``theirs`` is set for an incompatible protocol version: (major, minor) of the peer.
+    """
+
+    text: str
+    received: float
+    theirs: tuple[int, int] | None = None
+    source_hint: str | None = None  # the peer's "<host>:<pid>" when it could be read
+
+
+@dataclass(frozen=True)
+class EndpointState:
+    """The source started (or stopped) listening to an endpoint, or could not."""
+
+    endpoint: str
+    state: str  # "connecting", "detached", "error"
+    detail: str = ""
+    name: str | None = None  # run name from discovery, when known
+
+
+SourceEvent = Received | BadInput | EndpointState
+Emit = Callable[[list[SourceEvent]], None]
+
+
+class Source(Protocol):
+    """A stream of events. ``start`` returns at once; ``emit`` is then called from a
+    background thread with batches of events until ``stop``."""
+
+    def start(self, emit: Emit) -> None: ...
+
+    def stop(self) -> None: ...
