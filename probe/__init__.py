@@ -1,1 +1,60 @@
-"""gputop probe."""
+"""gputop's probe: a few lines in a training script publish its step timings.
+
+    import probe
+    for batch in probe.watch(loader):   # starts a default probe on first use
+        ...                              # the training step, unchanged
+
+Importing this package needs neither torch nor Textual, binds nothing and starts no
+thread; the default probe starts on the first call to :func:`watch` or :func:`step`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from probe.core import Phase, Probe
+from probe.version import __version__
+
+T = TypeVar("T")
+_default: Probe | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Probe:
+    """The process-wide probe, created on first use with settings from the environment."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Probe()
+    return _default
+
+
+def watch(
+    iterable: Iterable[T],
+    *,
+    samples: int | Callable[[T], int] | None = None,
+    data_path: str | None = None,
+) -> Iterator[T]:
+    """Yield the items of ``iterable`` unchanged while timing each step.
+
+    ``samples``: samples per batch (int) or a function of the batch; by default the
+    leading dimension of the first tensor/array in the batch. ``data_path``: where the
+    dataset lives, if the probe cannot tell from the loader.
+    """
+    return default().watch(iterable, samples=samples, data_path=data_path)
+
+
+def step(samples: int | None = None) -> None:
+    """Mark the end of a training step (for loops that do not use :func:`watch`)."""
+    default().step(samples)
+
+
+def phase(name: str) -> Phase:
+    """Time a named part of the step: ``with probe.phase("h2d"): x = x.cuda()``."""
+    return default().phase(name)
+
+
+__all__ = ["Phase", "Probe", "__version__", "default", "phase", "step", "watch"]

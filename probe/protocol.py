@@ -42,8 +42,9 @@ class MalformedMessage(ProtocolError):
 class IncompatibleVersion(ProtocolError):
     """A peer speaks a major protocol version this reader does not know."""
 
-    def __init__(self, theirs: tuple[int, int]) -> None:
+    def __init__(self, theirs: tuple[int, int], source_id: str | None = None) -> None:
         self.theirs = theirs
+        self.source_id = source_id  # read opportunistically from the body, may be None
         super().__init__(
             f"incompatible protocol version {theirs[0]}.{theirs[1]}"
             f" (this gputop reads {PROTOCOL_MAJOR}.x, speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})"
@@ -106,7 +107,11 @@ def decode(frames: list[bytes]) -> Message:
     ):
         raise MalformedMessage("missing or invalid protocol version 'v'")
     if version[0] != PROTOCOL_MAJOR:
-        raise IncompatibleVersion((version[0], version[1]))
+        body = data.get("body")
+        sid = body.get("source_id") if isinstance(body, dict) else None
+        raise IncompatibleVersion(
+            (version[0], version[1]), sid if isinstance(sid, str) and len(sid) < 256 else None
+        )
     kind = data.get("kind")
     if kind not in KINDS:
         raise MalformedMessage(f"unknown message kind {kind!r}")
@@ -145,8 +150,11 @@ def _from_wire(tp: Any, value: Any, path: str) -> Any:
             return tuple(_from_wire(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
         if len(args) != len(value):
             raise MalformedMessage(f"{path}: expected {len(args)} items, got {len(value)}")
-        return tuple(_from_wire(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if dataclasses.is_dataclass(tp):
+        return tuple(
+            _from_wire(a, v, f"{path}[{i}]")
+            for i, (a, v) in enumerate(zip(args, value, strict=True))
+        )
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise MalformedMessage(f"{path}: expected a map, got {type(value).__name__}")
         kwargs = {}

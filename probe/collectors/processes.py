@@ -1,0 +1,137 @@
+"""The training process and its descendants (DataLoader workers), with per-process CPU."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from probe.samples import ProcessSample, TrainingProcesses
+
+SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
+
+
+def _children_files_supported(proc_root: str) -> bool:
+    """``/proc/<pid>/task/<tid>/children`` needs CONFIG_PROC_CHILDREN (most distro kernels)."""
+    pid = os.getpid()
+    return os.path.exists(os.path.join(proc_root, str(pid), "task", str(pid), "children"))
+
+
+def descendants_from_children_files(pid: int, proc_root: str = "/proc") -> list[int]:
+    """All descendants of ``pid`` by walking the per-thread ``children`` files.
+
+    Why not psutil's ``children(recursive=True)``: that reads ``/proc/*/stat`` of every
+    process on the node (a few ms on a busy 8-GPU node, once per rank per second); this
+    reads only the files of the training tree. A child shows up under the thread that
+    forked it, so every thread's file is read.
+    """
+    out: list[int] = []
+    seen = {pid}
+    stack = [pid]
+    while stack:
+        cur = stack.pop()
+        task_dir = os.path.join(proc_root, str(cur), "task")
+        try:
+            tids = os.listdir(task_dir)
+        except OSError:
+            continue  # exited meanwhile
+        for tid in tids:
+            try:
+                with open(os.path.join(task_dir, tid, "children")) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            for word in text.split():
+                child = int(word)
+                if child not in seen:
+                    seen.add(child)
+                    out.append(child)
+                    stack.append(child)
+    return out
+
+
+class ProcessCollector:
+    """Samples the main training process and all its descendants.
+
+    ``cpu_pct`` is percent of one core (user + system time delta over wall time since
+    this collector last saw that pid); ``None`` the first time a pid is seen.
+    """
+
+    def __init__(self, main_pid: int, *, proc_root: str = "/proc") -> None:
+        self._main_pid = main_pid
+        self._proc_root = proc_root
+        self._use_children_files = _children_files_supported(proc_root)
+        self._main: psutil.Process | None
+        try:
+            self._main = psutil.Process(main_pid)
+        except psutil.Error:
+            self._main = None
+        # Process objects are kept so psutil's identity (pid + create time) is stable.
+        self._procs: dict[int, psutil.Process] = {}
+        self._prev_cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu s, monotonic s)
+
+    def _descendants(self, main: psutil.Process) -> list[int]:
+        if self._use_children_files:
+            return descendants_from_children_files(self._main_pid, self._proc_root)
+        return [c.pid for c in main.children(recursive=True)]
+
+    def _one(self, pid: int, role: str, now: float) -> ProcessSample:
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._main if pid == self._main_pid and self._main else psutil.Process(pid)
+            self._procs[pid] = proc
+        with proc.oneshot():  # one read of /proc/<pid>/stat for times and name
+            times = proc.cpu_times()
+            name = proc.name()
+            try:
+                rss: int | None = proc.memory_info().rss
+            except psutil.AccessDenied:
+                rss = None
+        cpu_s = times.user + times.system
+        cpu_pct: float | None = None
+        prev = self._prev_cpu.get(pid)
+        if prev is not None:
+            d_cpu, d_wall = cpu_s - prev[0], now - prev[1]
+            if d_wall > 0 and d_cpu >= 0:  # negative: pid reused by another process
+                cpu_pct = 100.0 * d_cpu / d_wall
+        self._prev_cpu[pid] = (cpu_s, now)
+        return ProcessSample(pid=pid, role=role, name=name, cpu_pct=cpu_pct, rss_bytes=rss)
+
+    def sample(self) -> TrainingProcesses | None:
+        """None once the main pid has vanished (or was reused by another process)."""
+        main = self._main
+        if main is None or not main.is_running():
+            self._main = None
+            return None
+        try:
+            workers = self._descendants(main)
+        except psutil.Error:
+            return None
+        now = time.monotonic()
+        samples: list[ProcessSample] = []
+        for pid, role in [(self._main_pid, "main"), *((w, "worker") for w in workers)]:
+            try:
+                samples.append(self._one(pid, role, now))
+            except psutil.NoSuchProcess:
+                if pid == self._main_pid:
+                    self._main = None
+                    return None
+                continue  # a worker exited between listing and reading: just not shown
+            except psutil.Error:
+                continue  # e.g. AccessDenied on a child that changed user: skip it
+        # Forget exited pids so memory stays bounded when workers are respawned each epoch.
+        alive = {s.pid for s in samples}
+        for pid in list(self._procs):
+            if pid not in alive:
+                del self._procs[pid]
+                self._prev_cpu.pop(pid, None)
+        worker_samples = [s for s in samples if s.role == "worker"]
+        saturated = sum(
+            1 for s in worker_samples if s.cpu_pct is not None and s.cpu_pct >= SATURATED_PCT
+        )
+        return TrainingProcesses(
+            processes=tuple(samples),
+            saturated_workers=saturated,
+            worker_count=len(worker_samples),
+        )

@@ -1,0 +1,151 @@
+"""One node sampler: runs the collectors on its own thread and assembles SystemSamples.
+
+Used by the probe (local rank 0 samples the host; other ranks only their own process and
+device), by ``gputop agent`` and by the viewer when nothing else samples its host. Each
+collector degrades on its own: a slow or broken source costs only its own fields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from probe.samples import GpuSample, SourceStatus, SystemSample
+
+
+class NodeSampler:
+    def __init__(
+        self,
+        *,
+        main_pid: int | None,
+        interval_s: float = 1.0,
+        host: bool = True,
+        data_path: str | None = None,
+        accelerators: bool = True,
+    ) -> None:
+        from probe.collectors.host import HostCollector
+        from probe.collectors.processes import ProcessCollector
+
+        self.interval_s = interval_s
+        self.hostname = socket.gethostname()
+        self._host = host
+        self._main_pid = main_pid
+        self._host_collector = HostCollector(data_path=data_path) if host else None
+        self._proc_collector = ProcessCollector(main_pid) if main_pid is not None else None
+        self._training_pids: set[int] = {main_pid} if main_pid is not None else set()
+        self._nvml: Any = None
+        self._hlsmi: Any = None
+        self._own_gpu: int | str | None = None
+        if accelerators:
+            from probe.collectors.nvml import NvmlCollector, physical_gpu_index
+
+            self._nvml = NvmlCollector(training_pids=lambda: self._training_pids)
+            if not host:
+                self._own_gpu = physical_gpu_index(
+                    _env_int("LOCAL_RANK"), os.environ.get("CUDA_VISIBLE_DEVICES")
+                )
+            if host:  # hl-smi is node-wide and costly: once per node
+                from probe.collectors.hlsmi import HlSmiCollector
+
+                self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
+        self._out: deque[SystemSample] = deque(maxlen=4)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: float | None = None
+
+    def set_data_path(self, path: str | None) -> None:
+        if self._host_collector is not None:
+            self._host_collector.set_data_path(path)
+
+    def start(self, thread: bool = True) -> None:
+        """Start hl-smi's reader and, unless the caller samples itself, our own thread."""
+        if self._hlsmi is not None:
+            self._hlsmi.start()
+        if not thread:
+            return
+        self._thread = threading.Thread(target=self._run, name="gputop-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Prime the delta-based collectors so the first published sample has rates.
+        with contextlib.suppress(Exception):
+            self.sample()
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):  # a collector bug must not end sampling
+                self._out.append(self.sample())
+
+    def take(self) -> list[SystemSample]:
+        """Samples produced since the last call (called from the publisher thread)."""
+        out = []
+        while self._out:
+            out.append(self._out.popleft())
+        return out
+
+    def sample(self) -> SystemSample:
+        """Take one sample now, on the calling thread."""
+        now = time.time()
+        interval = None if self._last is None else now - self._last
+        self._last = now
+        statuses: list[SourceStatus] = []
+        fields: dict[str, Any] = {}
+        if self._host_collector is not None:
+            reading = self._host_collector.sample()
+            fields.update(
+                cpu=reading.cpu,
+                memory=reading.memory,
+                disks=reading.disks,
+                nets=reading.nets,
+                pressure=reading.pressure,
+                cgroup=reading.cgroup,
+                data_device=reading.data_device,
+                data_fs_type=reading.data_fs_type,
+            )
+            statuses.extend(reading.statuses)
+        if self._proc_collector is not None:
+            procs = self._proc_collector.sample()
+            fields["processes"] = procs
+            if procs is not None:
+                self._training_pids = {p.pid for p in procs.processes}
+        if self._nvml is not None:
+            gpus, status = self._nvml.sample()
+            fields["gpus"] = self._own(gpus)
+            statuses.append(status)
+        if self._hlsmi is not None:
+            hpus, status = self._hlsmi.latest()
+            fields["hpus"] = hpus
+            statuses.append(status)
+        return SystemSample(
+            time=now,
+            host=self.hostname,
+            interval_s=interval,
+            host_sampled=self._host,
+            statuses=tuple(statuses),
+            **fields,
+        )
+
+    def _own(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
+        """A rank that is not the host sampler reports only its own device."""
+        if self._host or self._own_gpu is None:
+            return gpus
+        return tuple(g for g in gpus if self._own_gpu in (g.index, g.uuid))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        for collector in (self._hlsmi, self._nvml):
+            if collector is not None:
+                with contextlib.suppress(Exception):
+                    collector.close()
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None

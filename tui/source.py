@@ -1,0 +1,180 @@
+"""The viewer's real data source: ZeroMQ subscriptions plus, when nothing else samples
+this host, a local node sampler. Runs on one background thread and only emits events;
+the app applies them on its own thread."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from probe import discovery
+from probe.messages import Hello, System
+from probe.protocol import IncompatibleVersion, ProtocolError, decode
+from probe.transport import Subscriber, TransportError
+from probe.version import __version__
+from tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
+
+POLL_S = 0.1
+DISCOVER_EVERY_S = 1.0
+LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
+BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
+
+
+class ZmqSource:
+    """Subscribe to ``endpoints``; with ``discover`` also to every probe found on this host.
+
+    ``local_sampler``: sample this host in the viewer when no probe or agent does.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str] | None = None,
+        *,
+        discover: bool = True,
+        local_sampler: bool = True,
+        sample_interval_s: float = 1.0,
+    ) -> None:
+        self.endpoints = list(endpoints or [])
+        self.discover = discover
+        self.local_sampler = local_sampler
+        self.sample_interval_s = sample_interval_s
+        self.hostname = socket.gethostname()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, emit: Emit) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(emit,), name="gputop-source", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _run(self, emit: Emit) -> None:
+        sub = Subscriber()
+        self._sampler: Any = None  # created on first need, used on this thread only
+        try:
+            self._loop(sub, emit)
+        finally:
+            sub.close()
+            if self._sampler is not None:
+                with contextlib.suppress(Exception):
+                    self._sampler.close()
+
+    def _loop(self, sub: Subscriber, emit: Emit) -> None:
+        events: list[SourceEvent] = []
+        for endpoint in self.endpoints:
+            events.append(self._connect(sub, endpoint, None))
+        known: dict[str, str] = {}  # discovered endpoint -> run name
+        last_discover = 0.0
+        last_local_sample = 0.0
+        last_foreign_host_sample = 0.0
+        last_error: dict[str, float] = {}
+        local_hello_sent = False
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self.discover and now - last_discover >= DISCOVER_EVERY_S:
+                last_discover = now
+                events.extend(self._rediscover(sub, known))
+            for frames in sub.receive(POLL_S):
+                wall = time.time()
+                try:
+                    message = decode(frames)
+                except IncompatibleVersion as exc:
+                    if _should_report(last_error, str(exc), now):
+                        events.append(BadInput(str(exc), wall, exc.theirs, exc.source_id))
+                    continue
+                except ProtocolError as exc:
+                    text = f"malformed message ignored: {exc}"
+                    if _should_report(last_error, text, now):
+                        events.append(BadInput(text, wall))
+                    continue
+                if (
+                    isinstance(message, System)
+                    and message.sample.host == self.hostname
+                    and message.sample.host_sampled
+                ):
+                    last_foreign_host_sample = now
+                events.append(Received(message, wall))
+            if (
+                self.local_sampler
+                and now - last_local_sample >= self.sample_interval_s
+                and now - last_foreign_host_sample > LOCAL_SAMPLE_GRACE_S
+            ):
+                last_local_sample = now
+                if self._sampler is None:
+                    self._sampler = _local_sampler(self.sample_interval_s)
+                if self._sampler is not None:
+                    source_id = f"{self.hostname}:{os.getpid()}"
+                    if not local_hello_sent:
+                        local_hello_sent = True
+                        events.append(Received(_local_hello(source_id, self.hostname), time.time()))
+                    with contextlib.suppress(Exception):
+                        sample = self._sampler.sample()
+                        events.append(Received(System(source_id, sample), time.time()))
+            if events:
+                emit(events)
+                events = []
+
+    def _connect(self, sub: Subscriber, endpoint: str, name: str | None) -> EndpointState:
+        try:
+            sub.connect(endpoint)
+        except TransportError as exc:
+            return EndpointState(endpoint, "error", str(exc), name)
+        return EndpointState(endpoint, "connecting", "", name)
+
+    def _rediscover(self, sub: Subscriber, known: dict[str, str]) -> list[SourceEvent]:
+        events: list[SourceEvent] = []
+        records = {r.endpoint: r for r in discovery.discover() if r.pid != os.getpid()}
+        for endpoint, record in records.items():
+            if endpoint not in known and endpoint not in self.endpoints:
+                known[endpoint] = record.name
+                events.append(self._connect(sub, endpoint, record.name))
+        for endpoint in list(known):
+            if endpoint not in records:
+                name = known.pop(endpoint)
+                sub.disconnect(endpoint)
+                events.append(EndpointState(endpoint, "detached", "process ended", name))
+        return events
+
+
+def _should_report(last: dict[str, float], text: str, now: float) -> bool:
+    if now - last.get(text, -1e9) < BAD_INPUT_REPEAT_S:
+        return False
+    if len(last) > 256:
+        last.clear()
+    last[text] = now
+    return True
+
+
+def _local_sampler(interval_s: float) -> Any:
+    try:
+        from probe.collectors.sampler import NodeSampler
+
+        sampler = NodeSampler(main_pid=None, interval_s=interval_s, host=True)
+        sampler.start(thread=False)  # sampled on the source's own thread
+        return sampler
+    except Exception:
+        return None
+
+
+def _local_hello(source_id: str, host: str) -> Hello:
+    return Hello(
+        source_id=source_id,
+        role="agent",
+        name="this host",
+        host=host,
+        pid=os.getpid(),
+        started=time.time(),
+        probe_version=__version__,
+    )
+
+
+__all__ = ["TransportError", "ZmqSource"]
