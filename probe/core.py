@@ -230,8 +230,8 @@ class Probe:
                     return
                 t1 = perf()
                 try:
-                    n = count(batch)
-                except Exception:
+                    n = _as_count(count(batch))
+                except Exception:  # a user's counting function must not stop training
                     n = None
                 self._open_step(t0, t1, n)
                 yield batch
@@ -275,7 +275,7 @@ class Probe:
         if not self.enabled or _forked_child:
             return
         if self._open is not None:
-            self._samples_override = samples
+            self._samples_override = _as_count(samples)
             return
         now = time.perf_counter()
         if self._last_mark is not None:
@@ -286,7 +286,7 @@ class Probe:
             if len(self._steps) < MAX_BUFFERED_STEPS:
                 # t0 == t1: no data-wait measurement for explicitly marked steps
                 self._steps.append(
-                    (self._index, self._last_mark, -1.0, now, samples, phases, None, None, None)
+                    (self._index, self._last_mark, -1.0, now, _as_count(samples), phases, None, None, None)
                 )
             else:
                 self._dropped_steps += 1
@@ -442,6 +442,12 @@ def _make_sampler(probe: Probe) -> Any:
     except Exception as exc:
         log.warning("gputop probe: no system samples: %s", exc)
         return None
+
+
+def _as_count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 def _replace_pids(info: LoaderInfo, pids: tuple[int, ...]) -> LoaderInfo:

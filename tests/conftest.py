@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test gets its own discovery directory (short: ipc paths max ~107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="gt-"))
+    path.chmod(0o700)
+    monkeypatch.setenv("GPUTOP_RUNTIME_DIR", str(path))
+    for name in (
+        "GPUTOP_LISTEN",
+        "GPUTOP_NAME",
+        "GPUTOP_DISABLE",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""A subscriber written from docs/protocol.md alone: raw zmq + msgpack, no gputop code.
+
+If this reader and the probe disagree, the protocol page is wrong or the probe is.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+
+class WireReader:
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"gputop.")
+        self.sock.connect(endpoint)
+        self.messages: list[dict[str, Any]] = []
+
+    def pump(self, seconds: float) -> list[dict[str, Any]]:
+        """Read for ``seconds``; return the new messages as {"kind", "v", "body"} maps."""
+        new = []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                continue
+            topic, payload = self.sock.recv_multipart()
+            data = msgpack.unpackb(payload, raw=False)
+            assert topic == b"gputop." + data["kind"].encode()
+            assert data["v"][0] == 1
+            new.append(data)
+        self.messages.extend(new)
+        return new
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [m["body"] for m in self.messages if m["kind"] == kind]
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [r for body in self.of_kind("steps") for r in body["records"]]
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
