@@ -1,0 +1,130 @@
+"""Headless view: the same source and viewer state as the TUI, printed once.
+
+Used by ``gputop snapshot`` and ``gputop demo --no-tui``: scripts, CI and people
+without a TUI get the same verdict the banner shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from typing import Any
+
+from tui.events import SourceEvent
+from tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
+from tui.source import ZmqSource
+from tui.state import ViewerState
+
+
+class Collector:
+    """Runs a ZmqSource and keeps its events until :meth:`snapshot` applies them."""
+
+    def __init__(self, endpoints: list[str], *, local_sampler: bool = True) -> None:
+        self.source = ZmqSource(endpoints, discover=not endpoints, local_sampler=local_sampler)
+        self.state = ViewerState(socket.gethostname())
+        self._pending: list[SourceEvent] = []
+        self._lock = threading.Lock()
+
+    def _emit(self, events: list[SourceEvent]) -> None:  # called on the source thread
+        with self._lock:
+            self._pending.extend(events)
+
+    def start(self) -> None:
+        self.source.start(self._emit)
+
+    def stop(self) -> None:
+        self.source.stop()
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        with self._lock:
+            events, self._pending = self._pending, []
+        self.state.apply_all(events)
+        self.state.tick(time.time() if now is None else now)
+        return build_snapshot(self.state)
+
+
+def build_snapshot(state: ViewerState) -> dict[str, Any]:
+    runs = []
+    for run in state.runs:
+        if run.is_placeholder and run.connection.state == "connecting":
+            continue
+        verdict = dataclasses.asdict(run.verdict) if run.verdict is not None else None
+        runs.append(
+            {
+                "name": run.name,
+                "host": run.host,
+                "pid": run.pid,
+                "rank": run.rank,
+                "world_size": run.world_size,
+                "state": run.connection.state,
+                "connection": run.connection.text,
+                "steps": run.step_count,
+                "unit": run.unit,
+                "rate_now": run.rate_now,
+                "rate_avg": run.rate_avg,
+                "data_wait_share": run.wait_share_now,
+                "timing": run.timing,
+                "loader": dataclasses.asdict(run.loader) if run.loader else None,
+                "verdict": verdict,
+            }
+        )
+    host = state.display_host()
+    system = state.host_system(host) if host else None
+    return {
+        "host": host,
+        "runs": runs,
+        "system": dataclasses.asdict(system) if system is not None else None,
+        "errors": [e.text for e in state.errors],
+    }
+
+
+def render_text(snap: dict[str, Any]) -> str:
+    lines: list[str] = []
+    if not snap["runs"]:
+        lines.append(
+            "no training run found; instrument one with: "
+            "import probe; for batch in probe.watch(loader): ..."
+        )
+    for run in snap["runs"]:
+        rank = f" rank {run['rank']}/{run['world_size']}" if run["rank"] is not None else ""
+        lines.append(
+            f"{run['name']} ({run['host']}:{run['pid']}{rank}) {run['connection']}: "
+            f"{run['steps']} steps, {fmt_number(run['rate_now'])} {run['unit']} now, "
+            f"{fmt_number(run['rate_avg'])} avg, data wait {fmt_share(run['data_wait_share'])}"
+        )
+        verdict = run["verdict"]
+        if verdict:
+            cause = f" ({verdict['cause']})" if verdict.get("cause") else ""
+            lines.append(
+                f"  verdict: {verdict['kind']}{cause} [{verdict['severity']}] {verdict['headline']}"
+            )
+            lines.extend(f"    evidence: {e}" for e in verdict["evidence"])
+            lines.extend(f"    advice:   {a}" for a in verdict["advice"])
+            if verdict.get("headroom"):
+                lines.append(f"    headroom: {verdict['headroom']}")
+    system = snap["system"]
+    if system:
+        cpu = system.get("cpu")
+        if cpu:
+            busy = [
+                100 - (c["idle_pct"] or 0) - (c["iowait_pct"] or 0)
+                for c in cpu["cores"]
+                if c["idle_pct"] is not None
+            ]
+            if busy:
+                lines.append(
+                    f"host {system['host']}: {len(cpu['cores'])} cores, busy "
+                    f"{fmt_pct(sum(busy) / len(busy))} avg, {fmt_pct(max(busy))} max"
+                )
+        mem = system.get("memory")
+        if mem:
+            lines.append(
+                f"  memory: {fmt_bytes(mem['used_bytes'])} used of {fmt_bytes(mem['total_bytes'])}"
+            )
+        for status in system.get("statuses", []):
+            if not status["ok"]:
+                lines.append(f"  {status['source']}: {status['message']}")
+    lines.extend(f"error: {e}" for e in snap["errors"])
+    return "\n".join(lines)
