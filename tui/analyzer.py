@@ -1,12 +1,63 @@
-"""Bottleneck analyzer (stub: being written). Pure: no I/O, no clock of its own."""
+"""What limits a training run's throughput, from its recent steps and node samples.
+
+``analyze(window)`` is a pure function: no I/O, no clock of its own (``window.now`` is the
+time). It returns one primary :class:`Verdict` -- the condition that limits throughput, or
+the most severe one -- and lists every other condition that holds in ``Verdict.notes``.
+:class:`VerdictTracker` decides what the viewer shows, so the verdict does not flap:
+
+    tracker = VerdictTracker()
+    shown = tracker.analyze(window)          # = tracker.update(analyze(window, previous=
+                                             #       tracker.shown), window.now)
+
+Thresholds live in ``tui.analysis.thresholds``; ``docs/verdicts.md`` explains each verdict.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
-from probe.messages import Hello, StepRecord
+from probe.messages import Hello, LoaderInfo, StepRecord
 from probe.samples import SystemSample
+from tui.analysis import fmt
+from tui.analysis.causes import input_cause
+from tui.analysis.devices import DeviceState, device_states
+from tui.analysis.host import HostStats, host_stats
+from tui.analysis.steps import StepStats, step_stats, typical_period, usable_steps
+from tui.analysis.thresholds import (
+    BATCH_HINT_MEM_MAX,
+    BATCH_HINT_UTIL_PCT,
+    BURSTY_RATIO,
+    CONFIDENT_STEPS,
+    CPU_QUOTA_ENTER_PCT,
+    CPU_QUOTA_EXIT_PCT,
+    GPU_MEM_FULL_ENTER,
+    GPU_MEM_FULL_EXIT,
+    H2D_ENTER,
+    H2D_EXIT,
+    INPUT_INFO_ENTER,
+    INPUT_INFO_EXIT,
+    INPUT_WARN_ENTER,
+    INPUT_WARN_EXIT,
+    LOW_GPU_UTIL_PCT,
+    MIN_STEPS,
+    MIN_SYSTEMS,
+    OVERHEAD_ENTER,
+    OVERHEAD_EXIT,
+    PCIE_RX_HIGH_BPS,
+    PERSIST_S,
+    PERSIST_UPDATES,
+    PROCESS_SATURATED_PCT,
+    SKIP_FIRST_STEPS,
+    STALL_FACTOR,
+    STALL_MIN_S,
+    STALL_TYPICAL_STEPS,
+    SWAP_IN_ENTER_BPS,
+    SYSTEM_WINDOW_S,
+)
+
+SEVERITIES = ("ok", "info", "warning", "critical")
+IMMEDIATE_KINDS = frozenset({"stalled", "warming-up"})  # shown at once, and left at once
 
 
 @dataclass(frozen=True)
@@ -27,14 +78,590 @@ class Verdict:
     evidence: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
     headroom: str | None = None  # "without the data wait: ≈ 412 samples/s, +38 %"
+    # Added fields (all optional for a consumer):
+    notes: tuple[str, ...] = ()  # headlines of the other conditions that hold, worst first
+    conditions: tuple[str, ...] = ()  # "kind" or "kind/cause" of every condition that held,
+    #   primary first; analyze(previous=...) reads it to apply exit thresholds
+    wait_share: float | None = None  # data wait / step time over the window (0..1)
+    samples_per_s: float | None = None  # samples over the window / its time
+    steps_per_s: float | None = None
+    since: float | None = None  # set by VerdictTracker: when the shown kind/cause began
 
 
-def analyze(window: Window) -> Verdict:
-    return Verdict("warming-up", "info", 0.0, "Not enough data yet")
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else 0
+
+
+def _held(previous: Verdict | None, condition: str) -> bool:
+    """Whether ``condition`` ("kind" or "kind/cause") held in the verdict shown before."""
+    if previous is None:
+        return False
+    return any(c == condition or c.startswith(condition + "/") for c in previous.conditions)
+
+
+def _steps_confidence(count: int) -> float:
+    """TraceML needs about 20 steps for a confident verdict; fewer scale it down."""
+    return min(1.0, count / CONFIDENT_STEPS)
+
+
+def _margin(value: float, threshold: float, scale: float) -> float:
+    """Far from its threshold a figure is trusted more: 0.6 at the threshold, 1.0 beyond
+    ``scale``."""
+    return 0.6 + 0.4 * min(1.0, abs(value - threshold) / scale)
+
+
+def _rate(stats: StepStats) -> tuple[float, str]:
+    if stats.samples_per_s is not None:
+        return stats.samples_per_s, "samples/s"
+    return stats.steps_per_s, "steps/s"
+
+
+def _headroom(stats: StepStats, what: str, share: float) -> str | None:
+    """Throughput if ``share`` of the step time went away: rate / (1 - share)."""
+    if share <= 0 or share >= 1:
+        return None
+    rate, unit = _rate(stats)
+    return (
+        f"without {what}: ≈ {fmt.num(rate / (1 - share))} {unit}, "
+        f"+{share / (1 - share) * 100:.0f} %"
+    )
+
+
+def _throughput_line(stats: StepStats) -> str:
+    steps = f"{fmt.num(stats.steps_per_s)} steps/s"
+    if stats.samples_per_s is None:
+        return f"throughput {steps}"
+    return f"throughput {fmt.num(stats.samples_per_s)} samples/s ({steps})"
+
+
+def _window_text(stats: StepStats) -> str:
+    trimmed = f", {stats.trimmed} outlier step left out" if stats.trimmed else ""
+    return f"last {stats.n} steps, {fmt.dur(stats.span_s)}{trimmed}"
+
+
+def _wait_lines(stats: StepStats) -> list[str]:
+    share = stats.wait_share or 0.0
+    mean_wait = stats.mean_wait_s or 0.0
+    lines = [
+        f"data wait {fmt.pct(share)} of step time ({fmt.dur(mean_wait)} of "
+        f"{fmt.dur(stats.mean_period_s)} per step, {_window_text(stats)})"
+    ]
+    if stats.idle_share is not None:
+        lines.append(f"device idle while waiting: {fmt.pct(stats.idle_share)} of step time")
+    median = stats.median_wait_s
+    if median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
+        lines.append(
+            f"waits come in bursts (median step waits {fmt.dur(median)}): batches arrive "
+            "together, then the loop waits for the next round"
+        )
+    return lines
+
+
+def _timing_note(hello: Hello | None) -> str:
+    if hello is not None and hello.timing_note:
+        return hello.timing_note
+    return "no device timing"
+
+
+def _lost_label(stats: StepStats) -> str:
+    """What the input-bound share measures: device idle when timed, else the host's wait."""
+    return "device idle waiting for data" if stats.idle_share is not None else "data wait"
+
+
+def _has_device_timing(stats: StepStats) -> bool:
+    return stats.device_busy_share is not None or stats.idle_share is not None
+
+
+# --- warming up and stalls ------------------------------------------------------------------
+
+
+def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
+    evidence: list[str] = []
+    if window.steps:
+        gap = window.now - max(s.end_time for s in window.steps)
+        evidence.append(f"last step ended {fmt.dur(max(0.0, gap))} ago")
+    elif window.hello is not None:
+        evidence.append(
+            f"no step yet, probe started {fmt.dur(window.now - window.hello.started)} ago"
+        )
+    if SKIP_FIRST_STEPS and any(s.index < SKIP_FIRST_STEPS for s in window.steps):
+        evidence.append("step 0 is not counted: it carries one-off start-up work")
+    return Verdict(
+        "warming-up",
+        "info",
+        0.0,
+        f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict",
+        evidence=tuple(evidence),
+    )
+
+
+def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
+    """What the training processes did in the newest recent sample, to tell hung from busy."""
+    recent = [s for s in systems if s.processes is not None and s.time >= now - SYSTEM_WINDOW_S]
+    sample = recent[-1] if recent else None
+    if sample is None or sample.processes is None:
+        return None
+    main = [
+        p.cpu_pct for p in sample.processes.processes if p.role == "main" and p.cpu_pct is not None
+    ]
+    workers = [
+        p.cpu_pct
+        for p in sample.processes.processes
+        if p.role == "worker" and p.cpu_pct is not None
+    ]
+    if not main:
+        return None
+    text = f"main process {fmt.pct_value(max(main))} CPU"
+    if workers:
+        text += f", {len(workers)} workers {fmt.pct_value(sum(workers))} CPU in all"
+    busy = max(main) >= PROCESS_SATURATED_PCT or sum(workers) >= PROCESS_SATURATED_PCT
+    return text + (
+        ": busy outside the step loop (evaluation, checkpointing?)"
+        if busy
+        else ": nearly idle, so blocked (I/O, a lock, a collective waiting for another rank)"
+    )
+
+
+def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
+    typical = typical_period(steps, STALL_TYPICAL_STEPS)
+    gap = window.now - max(s.end_time for s in steps)
+    limit = max(STALL_FACTOR * typical, STALL_MIN_S)
+    if gap <= limit:
+        return None
+    evidence = [
+        f"last step {steps[-1].index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
+        f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
+    ]
+    state = _process_state(window.systems, window.now)
+    if state:
+        evidence.append(state)
+    pid = f" --pid {window.hello.pid}" if window.hello is not None else ""
+    return Verdict(
+        "stalled",
+        "critical",
+        min(1.0, 0.5 + 0.5 * (gap - limit) / limit),
+        f"Stalled: no step for {fmt.dur(gap)}; typical step {fmt.dur(typical)}",
+        evidence=tuple(evidence),
+        advice=(
+            "evaluation or checkpointing clears by itself when steps resume",
+            f"otherwise see where it hangs: py-spy dump{pid}",
+        ),
+        conditions=("stalled",),
+    )
+
+
+# --- candidates -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    window: Window
+    previous: Verdict | None
+    stats: StepStats
+    host: HostStats
+    devices: list[DeviceState]
+    n_steps: int
+
+    @property
+    def loader(self) -> LoaderInfo | None:
+        return self.window.hello.loader if self.window.hello is not None else None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    verdict: Verdict
+    group: int  # order among equal severities: 0 limits throughput ... 5 healthy
+    share: float = 0.0  # step time it costs, to rank limiters of the same severity
+
+    @property
+    def key(self) -> tuple[int, int, float]:
+        return (-_severity_rank(self.verdict.severity), self.group, -self.share)
+
+
+def _throughput(ctx: _Ctx) -> _Candidate:
+    """Input-bound, compute-bound, or unknown when steps carry no wait time."""
+    stats = ctx.stats
+    share = stats.lost_share
+    if share is None:
+        return _unknown_wait(ctx)
+    prev = ctx.previous
+    held_warning = prev is not None and prev.kind == "input-bound" and prev.severity == "warning"
+    warn_at = INPUT_WARN_EXIT if held_warning else INPUT_WARN_ENTER
+    info_at = INPUT_INFO_EXIT if _held(prev, "input-bound") else INPUT_INFO_ENTER
+    if share >= info_at:
+        return _input_bound(ctx, share, "warning" if share >= warn_at else "info")
+    return _compute_bound(ctx, share)
+
+
+def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
+    stats = ctx.stats
+    prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
+    cause = input_cause(ctx.host, ctx.loader, prev_cause)
+    threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
+    confidence = _steps_confidence(ctx.n_steps) * _margin(share, threshold, 0.10)
+    if cause.name != "unknown":
+        confidence *= cause.confidence
+    label = "Input-bound" if severity == "warning" else "Moderately input-bound"
+    what = _lost_label(stats)
+    verdict = Verdict(
+        "input-bound",
+        severity,
+        round(confidence, 2),
+        f"{label} ({what} {fmt.pct(share)} of step): {cause.summary}",
+        cause=cause.name,
+        evidence=(*_wait_lines(stats), _throughput_line(stats), *cause.evidence),
+        advice=cause.advice,
+        headroom=_headroom(stats, "the data wait", share),
+        conditions=(f"input-bound/{cause.name}",),
+    )
+    return _Candidate(verdict, 0 if severity == "warning" else 4, share)
+
+
+def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
+    stats = ctx.stats
+    timed = _has_device_timing(stats)
+    evidence = [*_wait_lines(stats), _throughput_line(stats)]
+    if stats.device_busy_share is not None:
+        evidence.append(f"device busy {fmt.pct(stats.device_busy_share)} of step time")
+    elif ctx.window.hello is None or ctx.window.hello.timing == "host":
+        evidence.append(
+            f"{_timing_note(ctx.window.hello)}: compute is the training loop's own time"
+        )
+    advice: list[str] = []
+    for d in ctx.devices:
+        if d.util_pct is not None and d.mem_share is not None:
+            evidence.append(
+                f"{d.label}: {fmt.pct_value(d.util_pct)} busy, memory {fmt.pct(d.mem_share)}"
+            )
+            if d.util_pct >= BATCH_HINT_UTIL_PCT and d.mem_share <= BATCH_HINT_MEM_MAX:
+                advice.append(
+                    f"{d.label} memory is {fmt.pct(d.mem_share)} used: a larger batch may "
+                    "raise throughput (scale the learning rate with it)"
+                )
+    where = "the model step" if timed or ctx.devices else "the training loop's own work"
+    verdict = Verdict(
+        "compute-bound",
+        "ok",
+        round(_steps_confidence(ctx.n_steps) * _margin(share, INPUT_INFO_ENTER, 0.05), 2),
+        f"Compute-bound: {where} limits throughput ({_lost_label(stats)} {fmt.pct(share)})",
+        evidence=tuple(dict.fromkeys(evidence)),
+        advice=tuple(dict.fromkeys(advice)),
+        conditions=("compute-bound",),
+    )
+    return _Candidate(verdict, 5, 0.0)
+
+
+def _unknown_wait(ctx: _Ctx) -> _Candidate:
+    verdict = Verdict(
+        "unknown",
+        "info",
+        0.0,
+        "Bottleneck unknown: the steps carry no data-wait time (marked with probe.step)",
+        evidence=(_throughput_line(ctx.stats),),
+        advice=("iterate the loader through probe.watch(loader) to time the data wait",),
+        conditions=("unknown",),
+    )
+    return _Candidate(verdict, 4, 0.0)
+
+
+def _h2d(ctx: _Ctx) -> _Candidate | None:
+    stats = ctx.stats
+    limit = H2D_EXIT if _held(ctx.previous, "h2d-copies") else H2D_ENTER
+    share = stats.h2d_share
+    if share is None or share < limit:
+        return None
+    evidence = [
+        f"phase '{stats.h2d_phase}' takes {fmt.pct(share)} of step time ({_window_text(stats)})",
+        *_busy_links(ctx),
+    ]
+    advice = []
+    loader = ctx.loader
+    if loader is None or loader.pin_memory is not True:
+        now = "" if loader is None or loader.pin_memory is None else " (now False)"
+        advice.append(f"DataLoader(pin_memory=True){now}: pageable memory is copied twice")
+    advice += [
+        "tensor.to(device, non_blocking=True) so copies overlap compute",
+        "fewer, larger copies per step: move the whole batch once; keep constants on device",
+    ]
+    verdict = Verdict(
+        "h2d-copies",
+        "warning",
+        round(_steps_confidence(ctx.n_steps) * _margin(share, H2D_ENTER, 0.10), 2),
+        f"Host-to-device copies take {fmt.pct(share)} of each step",
+        evidence=tuple(evidence),
+        advice=tuple(advice),
+        headroom=_headroom(stats, "the copies", share),
+        conditions=("h2d-copies",),
+    )
+    return _Candidate(verdict, 0, share)
+
+
+def _busy_links(ctx: _Ctx) -> list[str]:
+    return [
+        f"{label}: PCIe receive {fmt.bps(rx)}"
+        for label, rx in _pcie_rx(ctx)
+        if rx >= PCIE_RX_HIGH_BPS
+    ]
+
+
+def _pcie_rx(ctx: _Ctx) -> list[tuple[str, float]]:
+    """Newest PCIe receive rate per GPU of this run."""
+    newest: dict[tuple[str, int], float] = {}
+    for s in ctx.window.systems:
+        if s.time < ctx.window.now - SYSTEM_WINDOW_S:
+            continue
+        for g in s.gpus:
+            if g.pcie_rx_bps is not None:
+                newest[(s.host, g.index)] = g.pcie_rx_bps
+    return [(f"GPU {index}", rx) for (_, index), rx in sorted(newest.items())]
+
+
+def _overhead(ctx: _Ctx) -> _Candidate | None:
+    stats = ctx.stats
+    share = stats.overhead_share
+    limit = OVERHEAD_EXIT if _held(ctx.previous, "host-overhead") else OVERHEAD_ENTER
+    if share is None or share < limit:
+        return None
+    verdict = Verdict(
+        "host-overhead",
+        "warning",
+        round(_steps_confidence(ctx.n_steps) * _margin(share, OVERHEAD_ENTER, 0.10), 2),
+        f"Host overhead: the device idles {fmt.pct(share)} of each step beyond the data wait",
+        evidence=(
+            f"device idle between steps, not explained by the data wait: {fmt.pct(share)} "
+            f"of step time ({_window_text(stats)})",
+            *_busy_links(ctx),
+        ),
+        advice=(
+            "CUDA graphs or torch.compile(mode='reduce-overhead') cut per-kernel launch cost",
+            "a larger batch does more work per launch",
+            "avoid host syncs inside the step (.item(), .cpu(), printing tensors)",
+        ),
+        headroom=_headroom(stats, "the idle gaps", share),
+        conditions=("host-overhead",),
+    )
+    return _Candidate(verdict, 0, share)
+
+
+def _throttling(ctx: _Ctx) -> _Candidate | None:
+    slowed = [d for d in ctx.devices if d.slowdown]
+    capped = [d for d in ctx.devices if d.power_capped and not d.slowdown]
+    if not slowed and not capped:
+        return None
+    evidence = [f"{d.label}: clock slowdown ({', '.join(d.slowdown)})" for d in slowed]
+    for d in capped:
+        watts = ""
+        if d.power_w is not None and d.power_limit_w is not None:
+            watts = f", {d.power_w:.0f} of {d.power_limit_w:.0f} W"
+        evidence.append(f"{d.label}: at its power cap while busy (sw_power_cap{watts})")
+    if slowed:
+        names = ", ".join(d.label for d in slowed)
+        headline = f"Throttling: {names} clocks slowed down ({', '.join(slowed[0].slowdown)})"
+        advice: tuple[str, ...] = (
+            "thermal: check cooling, airflow, fans and the GPU temperature",
+            "hw_power_brake / hw_slowdown: the board or power supply asks for it: check PSU "
+            "and power cables",
+        )
+        severity = "warning"
+    else:
+        names = ", ".join(d.label for d in capped)
+        headline = f"Power-limited: {names} runs at its power cap"
+        advice = ("normal at full load; `nvidia-smi -q -d POWER` shows the limit in force",)
+        severity = "info"
+    verdict = Verdict(
+        "throttling",
+        severity,
+        0.8,
+        headline,
+        evidence=tuple(evidence),
+        advice=advice,
+        conditions=("throttling",),
+    )
+    return _Candidate(verdict, 1)
+
+
+def _gib(d: DeviceState) -> str:
+    if d.mem_used_bytes is None or not d.mem_total_bytes:
+        return ""
+    return f" ({d.mem_used_bytes / 2**30:.1f} of {d.mem_total_bytes / 2**30:.1f} GiB)"
+
+
+def _gpu_memory(ctx: _Ctx) -> _Candidate | None:
+    limit = GPU_MEM_FULL_EXIT if _held(ctx.previous, "gpu-memory-full") else GPU_MEM_FULL_ENTER
+    full = [d for d in ctx.devices if d.mem_share is not None and d.mem_share >= limit]
+    if not full:
+        return None
+    evidence = [f"{d.label}: {fmt.pct(d.mem_share or 0)} of memory used{_gib(d)}" for d in full]
+    verdict = Verdict(
+        "gpu-memory-full",
+        "warning",
+        0.9,
+        f"{full[0].label} memory {fmt.pct(full[0].mem_share or 0)} full: out-of-memory risk",
+        evidence=tuple(evidence),
+        advice=(
+            "a smaller batch with gradient accumulation keeps the effective batch",
+            "mixed precision (bf16/fp16) or activation checkpointing cut activation memory",
+        ),
+        conditions=("gpu-memory-full",),
+    )
+    return _Candidate(verdict, 3)
+
+
+def _cpu_quota(ctx: _Ctx, primary_cause: str | None) -> _Candidate | None:
+    """The container's CPU limit throttles the run (when it is not already the input-bound
+    cause)."""
+    h = ctx.host
+    if primary_cause == "cpu-quota" or h.throttled_pct is None or h.n_host_samples < MIN_SYSTEMS:
+        return None
+    limit = CPU_QUOTA_EXIT_PCT if _held(ctx.previous, "cpu-quota") else CPU_QUOTA_ENTER_PCT
+    if h.throttled_pct < limit:
+        return None
+    # A device busy nearly all the time is not slowed by the host's quota.
+    busy = ctx.stats.device_busy_share
+    severity = "info" if busy is not None and busy >= 0.85 else "warning"
+    quota = f" (quota {fmt.cores(h.quota_cores)})" if h.quota_cores is not None else ""
+    verdict = Verdict(
+        "cpu-quota",
+        severity,
+        0.8,
+        f"CPU quota: the container was throttled in {fmt.pct_value(h.throttled_pct)} of CPU "
+        f"periods{quota}",
+        evidence=(
+            f"cgroup cpu.stat: {fmt.pct_value(h.throttled_pct)} of periods throttled "
+            f"(median of {h.n_host_samples} samples)",
+        ),
+        advice=("raise the container's CPU limit (docker --cpus, resources.limits.cpu)",),
+        conditions=("cpu-quota",),
+    )
+    return _Candidate(verdict, 2)
+
+
+def _side_notes(ctx: _Ctx, primary: Verdict) -> list[str]:
+    """Observations that are not verdicts of their own but matter next to one."""
+    notes: list[str] = []
+    h = ctx.host
+    if (
+        primary.cause != "memory"
+        and h.swap_in_bps is not None
+        and h.swap_in_bps >= SWAP_IN_ENTER_BPS
+        and h.n_host_samples >= MIN_SYSTEMS
+    ):
+        notes.append(f"the host swaps in {fmt.bps(h.swap_in_bps)}: everything slows down")
+    if primary.kind == "compute-bound" and not _has_device_timing(ctx.stats):
+        idle = [d for d in ctx.devices if d.util_pct is not None and d.util_pct < LOW_GPU_UTIL_PCT]
+        for d in idle:
+            notes.append(
+                f"{d.label} only {fmt.pct_value(d.util_pct or 0)} busy though the loop does not "
+                f"wait for data: host-side work may limit ({_timing_note(ctx.window.hello)})"
+            )
+    if ctx.stats.h2d_share is None and primary.kind != "h2d-copies":
+        for link in _busy_links(ctx):
+            notes.append(f"{link}: copies may cost time; time them with probe.phase('h2d')")
+    return notes
+
+
+def _combine(candidates: list[_Candidate], ctx: _Ctx) -> Verdict:
+    ordered = sorted(candidates, key=lambda c: c.key)
+    primary = ordered[0].verdict
+    others = [c.verdict for c in ordered[1:]]
+    notes = [v.headline for v in others] + _side_notes(ctx, primary)
+    return replace(
+        primary,
+        notes=tuple(notes),
+        conditions=tuple(c for v in (primary, *others) for c in v.conditions),
+        wait_share=ctx.stats.wait_share,
+        samples_per_s=ctx.stats.samples_per_s,
+        steps_per_s=ctx.stats.steps_per_s,
+    )
+
+
+_Builder = Callable[[_Ctx], "_Candidate | None"]
+_BUILDERS: tuple[_Builder, ...] = (_h2d, _overhead, _throttling, _gpu_memory)
+
+
+def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
+    """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
+    condition it holds is left only below its exit threshold)."""
+    steps = usable_steps(window.steps)
+    if len(steps) < MIN_STEPS:
+        return _warming_up(window, steps)
+    stalled = _stalled(window, steps)
+    if stalled is not None:
+        return stalled
+    hello = window.hello
+    ctx = _Ctx(
+        window=window,
+        previous=previous,
+        stats=step_stats(steps),
+        host=host_stats(window.systems, hello.host if hello else None, window.now),
+        devices=device_states(window.systems, window.now),
+        n_steps=len(steps),
+    )
+    main = _throughput(ctx)
+    candidates = [main, *(c for b in _BUILDERS if (c := b(ctx)) is not None)]
+    quota = _cpu_quota(ctx, main.verdict.cause)
+    if quota is not None:
+        candidates.append(quota)
+    return _combine(candidates, ctx)
+
+
+# --- hysteresis -----------------------------------------------------------------------------
+
+
+def _identity(verdict: Verdict) -> tuple[str, str | None, str]:
+    return (verdict.kind, verdict.cause, verdict.severity)
 
 
 class VerdictTracker:
-    """Hysteresis over successive verdicts of one run."""
+    """Hysteresis over successive verdicts of one run (clock-free: ``now`` is given).
+
+    A verdict with a new kind, cause or severity replaces the shown one only after it held
+    for PERSIST_S over at least PERSIST_UPDATES consecutive updates; "stalled" and
+    "warming-up" are shown, and left, at once. A verdict of the shown kind refreshes the
+    figures at once.
+    """
+
+    def __init__(self, persist_s: float = PERSIST_S, persist_updates: int = PERSIST_UPDATES):
+        self._persist_s = persist_s
+        self._persist_updates = persist_updates
+        self._shown: Verdict | None = None
+        self._candidate: tuple[str, str | None, str] | None = None
+        self._candidate_since = 0.0
+        self._candidate_count = 0
+
+    @property
+    def shown(self) -> Verdict | None:
+        """The verdict shown now (pass it to ``analyze(..., previous=)``)."""
+        return self._shown
+
+    def analyze(self, window: Window) -> Verdict:
+        """Analyze ``window`` with this tracker's hysteresis and return what to show."""
+        return self.update(analyze(window, previous=self._shown), window.now)
 
     def update(self, verdict: Verdict, now: float) -> Verdict:
-        return verdict
+        shown = self._shown
+        if (
+            shown is None
+            or _identity(verdict) == _identity(shown)
+            or verdict.kind in IMMEDIATE_KINDS
+            or shown.kind in IMMEDIATE_KINDS
+        ):
+            keep_since = shown is not None and _identity(verdict) == _identity(shown)
+            since = shown.since if keep_since and shown is not None else now
+            return self._show(verdict, since)
+        key = _identity(verdict)
+        if key != self._candidate or now < self._candidate_since:
+            self._candidate, self._candidate_since, self._candidate_count = key, now, 0
+        self._candidate_count += 1
+        held = now - self._candidate_since
+        if held >= self._persist_s and self._candidate_count >= self._persist_updates:
+            return self._show(verdict, self._candidate_since)
+        return shown
+
+    def _show(self, verdict: Verdict, since: float | None) -> Verdict:
+        self._shown = replace(verdict, since=since)
+        self._candidate, self._candidate_count = None, 0
+        return self._shown

@@ -269,16 +269,22 @@ def _is_executable(path: str) -> bool:
 
 _live_lock = threading.Lock()
 _live: set[subprocess.Popen[bytes]] = set()
+_exiting = False  # set at interpreter exit: no new children from then on
 
 
 def _kill_live_children() -> None:
+    global _exiting
     with _live_lock:
+        # Under the lock: a thread about to spawn either registered its child already
+        # (killed below) or will see the flag and not spawn. Without this a collector
+        # thread would "restart" the child we kill here, after atexit has run.
+        _exiting = True
         procs = list(_live)
     for proc in procs:
         _kill(proc)
 
 
-
+atexit.register(_kill_live_children)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -428,8 +434,8 @@ class HlSmiCollector:
                 outcome = self._run_child(exe, loop)
             except Exception as exc:  # a bug here must not kill the thread silently
                 outcome = _Outcome("spawn", detail=f"hl-smi collector error: {exc}")
-            if outcome.kind == "stopped":
-                return
+            if outcome.kind == "stopped" or self._stop.is_set() or _exiting:
+                return  # the child died because we killed it: nothing to report
             if outcome.got_rows:
                 backoff = self.restart_backoff_s
                 self._without_optional_unconfirmed = False  # the reduced query works
@@ -492,18 +498,20 @@ class HlSmiCollector:
         return argv
 
     def _run_child(self, exe: str, loop: bool) -> _Outcome:
-        try:
-            proc = subprocess.Popen(
-                self._argv(exe, loop),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except FileNotFoundError:
-            return _Outcome("missing")
-        except OSError as exc:
-            return _Outcome("spawn", detail=str(exc))
-        with _live_lock:
+        with _live_lock:  # spawn and register atomically w.r.t. _kill_live_children
+            if _exiting or self._stop.is_set():
+                return _Outcome("stopped")
+            try:
+                proc = subprocess.Popen(
+                    self._argv(exe, loop),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            except FileNotFoundError:
+                return _Outcome("missing")
+            except OSError as exc:
+                return _Outcome("spawn", detail=str(exc))
             _live.add(proc)
         with self._lock:
             self._proc = proc

@@ -13,6 +13,11 @@ Degradation, from small to large (see /work/shared/reference/nvml.md):
   user can act on; ``nvmlInit`` is retried at most every ``init_retry_s`` seconds, because
   a driver may be loaded after the training started, but a failing init is not free.
 
+PCIe throughput is the one expensive query (the driver samples the bus for ~20 ms per
+call, two calls per device), so each device refreshes it only every ``pcie_every``
+samples, staggered so one sample pays for at most ``ceil(devices / pcie_every)`` devices;
+in between the last reading is reused, and a device has ``None`` until its first turn.
+
 ``sample()`` never raises: a monitor that crashes on a flaky driver is worse than none.
 """
 
@@ -231,6 +236,8 @@ class NvmlCollector:
         """Shut NVML down if we initialised it. Safe to call twice."""
         with self._lock:
             self._shutdown()
+            self._next_init_at = 0.0  # a later sample() starts afresh
+            self._init_status = SourceStatus(SOURCE, False, "NVML closed")
 
     # -- init / shutdown --------------------------------------------------------------
 
@@ -246,7 +253,7 @@ class NvmlCollector:
         now = time.monotonic()
         if now < self._next_init_at:
             return  # keep the last failure message; don't hammer a missing driver
-        pass
+        self._next_init_at = now + self.init_retry_s
         if pynvml is None:
             self._init_status = SourceStatus(SOURCE, False, "nvidia-ml-py not installed")
             return

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import probe
 
-SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
+SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall", "bench")
 CROP = 64
 
 
@@ -151,6 +151,12 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader, nn.Mo
         ys = torch.tensor([i % 10 for i in range(len(ds))])
         loader = DataLoader(TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0)
         return loader, cnn(32, 4)
+    if scenario == "bench":
+        # cached tensors and a small model: a ~10 ms CPU step, to measure the probe's cost
+        xs = torch.randn(512, 3, CROP, CROP)
+        ys = torch.randint(0, 10, (512,))
+        loader = DataLoader(TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0)
+        return loader, cnn(8, 1)
     if scenario == "disk-bound":
         # ~56 MB read from the disk per step of 32, and little else to do
         paths = make_raw(data_root / "raw768", 192, 768)

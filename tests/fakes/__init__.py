@@ -1,0 +1,1 @@
+"""Fakes of the accelerator tools: NVML at the pynvml boundary, an hl-smi executable."""

@@ -1,0 +1,1139 @@
+"""The bottleneck analyzer on synthetic windows: one case per verdict and cause, the
+boundary of every threshold, missing data, and the tracker's hysteresis over time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from probe.messages import Hello, LoaderInfo, StepRecord
+from probe.samples import (
+    CgroupSample,
+    CpuCore,
+    CpuSample,
+    DiskSample,
+    GpuSample,
+    HpuSample,
+    MemorySample,
+    NetSample,
+    PressureSample,
+    ProcessSample,
+    SystemSample,
+    TrainingProcesses,
+)
+from tui.analysis.causes import suggest_workers
+from tui.analyzer import Verdict, VerdictTracker, Window, analyze
+
+T0 = 1_700_000_000.0
+HOST = "node1"
+
+# --- builders -------------------------------------------------------------------------------
+
+
+def make_steps(
+    n: int = 40,
+    period: float = 0.1,
+    wait: float | None = 0.0,
+    *,
+    samples: int | None = 32,
+    first: int = 1,
+    start: float = T0,
+    device_s: float | None = None,
+    idle_s: float | None = None,
+    phases: tuple[tuple[str, float], ...] = (),
+) -> list[StepRecord]:
+    """``n`` identical steps, indices from ``first``, the first one ending at ``start``."""
+    return [
+        StepRecord(
+            index=first + i,
+            end_time=start + i * period,
+            period_s=period,
+            wait_s=wait,
+            samples=samples,
+            device_s=device_s,
+            device_idle_s=idle_s,
+            phases=phases,
+        )
+        for i in range(n)
+    ]
+
+
+def cores(n: int = 8, busy: float = 5.0, pinned: int = 0, iowait: float = 0.0) -> CpuSample:
+    """``pinned`` cores at 100 %, the rest at ``busy`` % with ``iowait`` % iowait."""
+    made = []
+    for i in range(n):
+        b = 100.0 if i < pinned else busy
+        w = 0.0 if i < pinned else iowait
+        made.append(CpuCore(i, b, 0.0, w, 0.0, max(0.0, 100.0 - b - w)))
+    return CpuSample(tuple(made), None)
+
+
+def processes(main: float | None = 30.0, workers: Sequence[float] = ()) -> TrainingProcesses:
+    procs = [ProcessSample(100, "main", "python", main, 1 << 30)]
+    procs += [ProcessSample(101 + i, "worker", "python", w, 1 << 28) for i, w in enumerate(workers)]
+    return TrainingProcesses(
+        tuple(procs),
+        saturated_workers=sum(1 for w in workers if w >= 90.0),
+        worker_count=len(workers),
+    )
+
+
+def system(
+    t: float,
+    *,
+    cpu: CpuSample | None = None,
+    procs: TrainingProcesses | None = None,
+    disk_busy: float | None = None,
+    disk_read: float | None = None,
+    data_device: str | None = "nvme0n1",
+    swap_in: float | None = 0.0,
+    throttled: float | None = None,
+    quota: float | None = None,
+    fs: str | None = "ext4",
+    net_rx: float | None = None,
+    io_some: float | None = None,
+    gpus: tuple[GpuSample, ...] = (),
+    hpus: tuple[HpuSample, ...] = (),
+    host_sampled: bool = True,
+) -> SystemSample:
+    disks = ()
+    if disk_busy is not None or disk_read is not None:
+        disks = (DiskSample("nvme0n1", disk_read, 0.0, 100.0, 0.0, disk_busy),)
+    cgroup = None
+    if throttled is not None or quota is not None:
+        cgroup = CgroupSample(quota, 1000, 100, 10, throttled, None, None)
+    return SystemSample(
+        time=t,
+        host=HOST,
+        interval_s=1.0,
+        host_sampled=host_sampled,
+        cpu=(cpu or cores()) if host_sampled else None,
+        memory=MemorySample(64 << 30, 8 << 30, 56 << 30, 4 << 30, 8 << 30, 0, swap_in, 0.0)
+        if host_sampled
+        else None,
+        disks=disks,
+        nets=(NetSample("eth0", net_rx, 0.0), NetSample("lo", 1e9, 1e9))
+        if net_rx is not None
+        else (),
+        pressure=PressureSample(None, io_some, None, None, None) if io_some is not None else None,
+        cgroup=cgroup,
+        processes=procs,
+        gpus=gpus,
+        hpus=hpus,
+        data_device=data_device,
+        data_fs_type=fs,
+    )
+
+
+def systems(now: float, n: int = 5, **kw: object) -> list[SystemSample]:
+    """``n`` samples one second apart, the newest at ``now``."""
+    return [system(now - (n - 1 - i), **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def gpu(
+    util: float = 95.0,
+    mem: float = 0.6,
+    reasons: tuple[str, ...] | None = (),
+    pcie_rx: float | None = None,
+) -> GpuSample:
+    total = 80 << 30
+    return GpuSample(
+        index=0,
+        name="A100",
+        uuid="GPU-0",
+        util_pct=util,
+        mem_used_bytes=int(total * mem),
+        mem_total_bytes=total,
+        power_w=300.0,
+        power_limit_w=300.0,
+        pcie_rx_bps=pcie_rx,
+        throttle_reasons=reasons,
+    )
+
+
+def hello(
+    num_workers: int | None = 4,
+    *,
+    loader: bool = True,
+    timing: str = "host",
+    pin_memory: bool | None = True,
+    persistent: bool | None = True,
+    prefetch: int | None = 4,
+) -> Hello:
+    info = (
+        LoaderInfo(
+            "torch.DataLoader",
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            batch_size=32,
+            prefetch_factor=prefetch,
+            persistent_workers=persistent,
+        )
+        if loader
+        else None
+    )
+    return Hello(
+        source_id=f"{HOST}:100",
+        role="probe",
+        name="run",
+        host=HOST,
+        pid=100,
+        started=T0 - 30,
+        probe_version="0.1.0",
+        timing=timing,
+        loader=info,
+    )
+
+
+def window(
+    steps: Sequence[StepRecord],
+    sys: Sequence[SystemSample] | None = None,
+    h: Hello | None = None,
+    *,
+    now: float | None = None,
+    **sys_kw: object,
+) -> Window:
+    """A window whose clock is just after the last step; host samples from ``sys_kw``
+    unless given explicitly."""
+    last = steps[-1].end_time if steps else T0
+    t = last + 0.05 if now is None else now
+    if sys is None:
+        sys = systems(t, **sys_kw)
+    return Window(now=t, steps=steps, systems=sys, hello=h if h is not None else hello())
+
+
+INPUT = 0.06  # 60 % of a 100 ms step: clearly input-bound
+QUIET = {"procs": processes(30.0, [70.0] * 4)}  # 4 workers busy but not saturated, CPU idle
+
+# --- one case per kind and cause ------------------------------------------------------------
+
+Case = tuple[Callable[[], Window], str, str, str | None]
+
+CASES: dict[str, Case] = {
+    "no steps": (lambda: window([], now=T0), "warming-up", "info", None),
+    "4 usable steps": (lambda: window(make_steps(4)), "warming-up", "info", None),
+    "5 records but step 0 is not counted": (
+        lambda: window(make_steps(5, first=0)),
+        "warming-up",
+        "info",
+        None,
+    ),
+    "exactly 5 usable steps": (lambda: window(make_steps(5)), "compute-bound", "ok", None),
+    "compute-bound": (lambda: window(make_steps(wait=0.001), **QUIET), "compute-bound", "ok", None),
+    "few-workers: num_workers=0, main pinned, cores idle": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            cpu=cores(8, pinned=1),
+            procs=processes(100.0),
+        ),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "few-workers: num_workers=0 with no host samples at all": (
+        lambda: window(make_steps(wait=INPUT), [], hello(0)),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "few-workers: every worker saturated, 6 cores idle": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(2),
+            cpu=cores(8, pinned=2),
+            procs=processes(20.0, [99.0, 98.0]),
+        ),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "few-workers: no loader info, main pinned, cores idle": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(loader=False),
+            cpu=cores(8, pinned=1),
+            procs=processes(100.0),
+        ),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "cpu-workers: every worker saturated, no core idle": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(8),
+            cpu=cores(8, pinned=8),
+            procs=processes(20.0, [99.0] * 8),
+        ),
+        "input-bound",
+        "warning",
+        "cpu-workers",
+    ),
+    "cpu-workers: workers below a core each but the host CPU is full": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(8),
+            cpu=cores(4, busy=97.0),
+            procs=processes(50.0, [45.0] * 8),
+        ),
+        "input-bound",
+        "warning",
+        "cpu-workers",
+    ),
+    "cpu-contention: the CPU is full with other processes": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(2),
+            cpu=cores(4, busy=98.0),
+            procs=processes(40.0, [30.0, 30.0]),
+        ),
+        "input-bound",
+        "warning",
+        "cpu-contention",
+    ),
+    "disk: data disk 90 % busy": (
+        lambda: window(make_steps(wait=INPUT), disk_busy=90.0, disk_read=400e6, **QUIET),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "disk: data device unknown, busiest disk stands in": (
+        lambda: window(
+            make_steps(wait=INPUT), disk_busy=90.0, disk_read=400e6, data_device=None, **QUIET
+        ),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "disk (weak): iowait high, loader not CPU-bound": (
+        lambda: window(make_steps(wait=INPUT), cpu=cores(8, busy=5.0, iowait=20.0), **QUIET),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "disk (weak): I/O pressure high": (
+        lambda: window(make_steps(wait=INPUT), io_some=35.0, **QUIET),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "disk: num_workers=0, main process off-CPU while the node reads": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            procs=processes(39.0),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "few-workers: num_workers=0, main process off-CPU but no reads": (
+        lambda: window(make_steps(wait=INPUT), h=hello(0), procs=processes(39.0), disk_read=0.0),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "disk: workers off-CPU, some I/O pressure": (
+        lambda: window(make_steps(wait=INPUT), procs=processes(20.0, [30.0] * 4), io_some=12.0),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
+    "memory: sustained swap-in 5 MB/s": (
+        lambda: window(make_steps(wait=INPUT), swap_in=5e6, **QUIET),
+        "input-bound",
+        "warning",
+        "memory",
+    ),
+    "network-storage: dataset on nfs4, 120 MB/s received": (
+        lambda: window(make_steps(wait=INPUT), fs="nfs4", net_rx=120e6, **QUIET),
+        "input-bound",
+        "warning",
+        "network-storage",
+    ),
+    "network-storage: fuse mount (s3fs)": (
+        lambda: window(make_steps(wait=INPUT), fs="fuse.s3fs", net_rx=1e6, **QUIET),
+        "input-bound",
+        "warning",
+        "network-storage",
+    ),
+    "cpu-quota as the input-bound cause": (
+        lambda: window(make_steps(wait=INPUT), throttled=30.0, quota=2.0, **QUIET),
+        "input-bound",
+        "warning",
+        "cpu-quota",
+    ),
+    "unknown: no host samples and workers configured": (
+        lambda: window(make_steps(wait=INPUT), []),
+        "input-bound",
+        "warning",
+        "unknown",
+    ),
+    "unknown: a single host sample": (
+        lambda: window(make_steps(wait=INPUT), n=1, **QUIET),
+        "input-bound",
+        "warning",
+        "unknown",
+    ),
+    "unknown: nothing measured explains the wait": (
+        lambda: window(make_steps(wait=INPUT), **QUIET),
+        "input-bound",
+        "warning",
+        "unknown",
+    ),
+    "unknown: only samples of a rank that does not sample the host": (
+        lambda: window(make_steps(wait=INPUT), host_sampled=False, **QUIET),
+        "input-bound",
+        "warning",
+        "unknown",
+    ),
+    "unknown: host samples are stale": (
+        lambda: window(make_steps(wait=INPUT), systems(T0 - 60, procs=processes(30.0, [40.0] * 4))),
+        "input-bound",
+        "warning",
+        "unknown",
+    ),
+    "moderately input-bound (12 %)": (
+        lambda: window(make_steps(wait=0.012), **QUIET),
+        "input-bound",
+        "info",
+        "unknown",
+    ),
+    "stalled: no step for 20 s at 0.1 s steps": (
+        lambda: window(make_steps(), now=T0 + 3.9 + 20),
+        "stalled",
+        "critical",
+        None,
+    ),
+    "stalled: slow 5 s steps, none for 30 s": (
+        lambda: window(make_steps(10, period=5.0), now=T0 + 45 + 30),
+        "stalled",
+        "critical",
+        None,
+    ),
+    "host-overhead: device idles 30 % beyond the wait": (
+        lambda: window(
+            make_steps(wait=0.002, device_s=0.07, idle_s=0.032), h=hello(timing="cuda-events")
+        ),
+        "host-overhead",
+        "warning",
+        None,
+    ),
+    "h2d-copies: phase h2d 20 %": (
+        lambda: window(make_steps(wait=0.001, phases=(("forward", 0.05), ("h2d", 0.02)))),
+        "h2d-copies",
+        "warning",
+        None,
+    ),
+    "h2d-copies: phase named to_device": (
+        lambda: window(make_steps(wait=0.001, phases=(("to_device", 0.03),))),
+        "h2d-copies",
+        "warning",
+        None,
+    ),
+    "gpu-memory-full: 97 %": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(mem=0.97),)),
+        "gpu-memory-full",
+        "warning",
+        None,
+    ),
+    "gpu-memory-full: an HPU at 96 %": (
+        lambda: window(
+            make_steps(wait=0.001),
+            hpus=(
+                HpuSample(0, "HL-325L", "u", util_pct=90.0, mem_used_bytes=96, mem_total_bytes=100),
+            ),
+        ),
+        "gpu-memory-full",
+        "warning",
+        None,
+    ),
+    "throttling: hw_thermal": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(reasons=("hw_thermal",)),)),
+        "throttling",
+        "warning",
+        None,
+    ),
+    "throttling: sw_power_cap while busy is info": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(util=97.0, reasons=("sw_power_cap",)),)),
+        "throttling",
+        "info",
+        None,
+    ),
+    "not throttling: sw_power_cap while idle": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(util=10.0, reasons=("sw_power_cap",)),)),
+        "compute-bound",
+        "ok",
+        None,
+    ),
+    "cpu-quota kind when not input-bound": (
+        lambda: window(make_steps(wait=0.001), throttled=30.0, quota=2.0),
+        "cpu-quota",
+        "warning",
+        None,
+    ),
+    "unknown: steps marked with probe.step carry no wait": (
+        lambda: window(make_steps(wait=None)),
+        "unknown",
+        "info",
+        None,
+    ),
+    "device stayed busy through the wait: compute-bound": (
+        lambda: window(
+            make_steps(wait=0.03, device_s=0.099, idle_s=0.001), h=hello(timing="cuda-events")
+        ),
+        "compute-bound",
+        "ok",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(("build", "kind", "severity", "cause"), CASES.values(), ids=CASES.keys())
+def test_kind_and_cause(
+    build: Callable[[], Window], kind: str, severity: str, cause: str | None
+) -> None:
+    v = analyze(build())
+    assert (v.kind, v.severity, v.cause) == (kind, severity, cause), v
+    assert v.headline
+    assert 0.0 <= v.confidence <= 1.0
+    if kind not in ("warming-up",):
+        assert v.evidence, "every verdict names its evidence"
+
+
+# --- boundaries of each threshold -------------------------------------------------------------
+
+BOUNDARIES: dict[str, tuple[Callable[[], Window], str, str | None]] = {
+    "wait 4.9 %: compute-bound": (lambda: window(make_steps(wait=0.0049)), "compute-bound", "ok"),
+    "wait 5.1 %: moderately input-bound": (
+        lambda: window(make_steps(wait=0.0051)),
+        "input-bound",
+        "info",
+    ),
+    "wait 19.9 %: moderately input-bound": (
+        lambda: window(make_steps(wait=0.0199)),
+        "input-bound",
+        "info",
+    ),
+    "wait 20.1 %: input-bound": (
+        lambda: window(make_steps(wait=0.0201)),
+        "input-bound",
+        "warning",
+    ),
+    "h2d 14 %: not flagged": (
+        lambda: window(make_steps(wait=0.001, phases=(("h2d", 0.014),))),
+        "compute-bound",
+        "ok",
+    ),
+    "h2d 16 %: flagged": (
+        lambda: window(make_steps(wait=0.001, phases=(("h2d", 0.016),))),
+        "h2d-copies",
+        "warning",
+    ),
+    "overhead 14 %: not flagged": (
+        lambda: window(make_steps(wait=0.001, device_s=0.085, idle_s=0.015)),
+        "compute-bound",
+        "ok",
+    ),
+    "overhead 16 %: flagged": (
+        lambda: window(make_steps(wait=0.001, device_s=0.083, idle_s=0.017)),
+        "host-overhead",
+        "warning",
+    ),
+    "GPU memory 94 %: fine": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(mem=0.94),)),
+        "compute-bound",
+        "ok",
+    ),
+    "GPU memory 95.5 %: full": (
+        lambda: window(make_steps(wait=0.001), gpus=(gpu(mem=0.955),)),
+        "gpu-memory-full",
+        "warning",
+    ),
+    "quota throttled 9 %: fine": (
+        lambda: window(make_steps(wait=0.001), throttled=9.0),
+        "compute-bound",
+        "ok",
+    ),
+    "quota throttled 11 %: flagged": (
+        lambda: window(make_steps(wait=0.001), throttled=11.0),
+        "cpu-quota",
+        "warning",
+    ),
+    "no step for 9.9 s at 0.1 s steps: not stalled (10 s minimum)": (
+        lambda: window(make_steps(), now=T0 + 3.9 + 9.9),
+        "compute-bound",
+        "ok",
+    ),
+    "no step for 10.1 s at 0.1 s steps: stalled": (
+        lambda: window(make_steps(), now=T0 + 3.9 + 10.1),
+        "stalled",
+        "critical",
+    ),
+    "5 s steps, none for 24 s: not stalled (5 x typical)": (
+        lambda: window(make_steps(10, period=5.0), now=T0 + 45 + 24),
+        "compute-bound",
+        "ok",
+    ),
+}
+
+
+@pytest.mark.parametrize(("build", "kind", "severity"), BOUNDARIES.values(), ids=BOUNDARIES.keys())
+def test_threshold_boundaries(build: Callable[[], Window], kind: str, severity: str) -> None:
+    v = analyze(build())
+    assert (v.kind, v.severity) == (kind, severity), v
+
+
+CAUSE_BOUNDARIES: dict[str, tuple[dict[str, object], str]] = {
+    "disk 69 % busy: not the disk": ({"disk_busy": 69.0}, "unknown"),
+    "disk 71 % busy: the disk": ({"disk_busy": 71.0}, "disk"),
+    "swap-in 0.9 MB/s: not memory": ({"swap_in": 0.9e6}, "unknown"),
+    "swap-in 1.1 MB/s: memory": ({"swap_in": 1.1e6}, "memory"),
+    "quota throttled 9 %: not the quota": ({"throttled": 9.0}, "unknown"),
+    "quota throttled 11 %: the quota": ({"throttled": 11.0}, "cpu-quota"),
+    "loader workers at 61 %, reading: not blocked": (
+        {"disk_read": 50e6, "procs": processes(20.0, [61.0] * 4)},
+        "unknown",
+    ),
+    "loader workers at 59 %, reading: blocked on the disk": (
+        {"disk_read": 50e6, "procs": processes(20.0, [59.0] * 4)},
+        "disk",
+    ),
+    "iowait 0.4 cores: not the disk": ({"cpu": cores(8, busy=5.0, iowait=5.0)}, "unknown"),
+    "iowait 0.56 cores: the disk": ({"cpu": cores(8, busy=5.0, iowait=7.0)}, "disk"),
+}
+
+
+@pytest.mark.parametrize(("kw", "cause"), CAUSE_BOUNDARIES.values(), ids=CAUSE_BOUNDARIES.keys())
+def test_cause_boundaries(kw: dict[str, object], cause: str) -> None:
+    v = analyze(window(make_steps(wait=INPUT), **{**QUIET, **kw}))
+    assert (v.kind, v.cause) == ("input-bound", cause), v
+
+
+# --- figures, text and advice ------------------------------------------------------------------
+
+
+def test_input_bound_figures_and_headroom() -> None:
+    v = analyze(window(make_steps(wait=0.042, period=0.059), h=hello(0), procs=processes(100.0)))
+    assert v.wait_share == pytest.approx(0.042 / 0.059)
+    assert v.samples_per_s == pytest.approx(32 / 0.059)
+    assert v.steps_per_s == pytest.approx(1 / 0.059)
+    assert "71 %" in v.evidence[0] and "42 ms" in v.evidence[0] and "59 ms" in v.evidence[0]
+    # Without the wait: 32 samples per 17 ms of compute = 1882 samples/s, +247 %.
+    assert v.headroom == "without the data wait: ≈ 1882 samples/s, +247 %"
+
+
+def test_headroom_in_steps_when_samples_unknown() -> None:
+    v = analyze(window(make_steps(wait=0.05, samples=None), **QUIET))
+    assert v.samples_per_s is None
+    assert v.headroom == "without the data wait: ≈ 20.0 steps/s, +100 %"
+
+
+def test_few_workers_advice_is_bounded_by_idle_cores() -> None:
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            cpu=cores(8, busy=0, pinned=1),
+            procs=processes(100.0),
+        )
+    )
+    assert v.cause == "few-workers"
+    assert v.advice[0] == "raise DataLoader num_workers from 0 to 2\u20134 (7 cores idle)"
+    two_cores = analyze(window(make_steps(wait=INPUT), h=hello(0), cpu=cores(2, busy=60, pinned=1)))
+    assert two_cores.advice[0].startswith("raise DataLoader num_workers from 0 to 1 ")
+
+
+@pytest.mark.parametrize(
+    ("current", "free", "expected"),
+    [
+        (0, 8.0, (2, 4)),
+        (0, 0.3, (1, 1)),  # moving the loading off the main process always helps
+        (0, 2.9, (2, 2)),
+        (2, 6.0, (4, 6)),
+        (8, 40.0, (10, 16)),
+        (0, None, (2, 4)),
+        (4, None, (5, 8)),
+    ],
+)
+def test_suggest_workers(current: int, free: float | None, expected: tuple[int, int]) -> None:
+    assert suggest_workers(current, free) == expected
+
+
+def test_cpu_quota_caps_idle_cores() -> None:
+    """64 idle host cores do not count when the container may use 4 and uses 3.5 already."""
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            h=hello(3),
+            cpu=cores(64, busy=5.0),
+            procs=processes(50.0, [100.0] * 3),
+            quota=4.0,
+            throttled=0.0,
+        )
+    )
+    assert v.cause == "cpu-workers", v
+
+
+def test_missing_host_samples_is_said_plainly() -> None:
+    v = analyze(window(make_steps(wait=INPUT), []))
+    assert v.cause == "unknown"
+    assert any("no host samples" in e and "gputop agent" in e for e in v.evidence)
+    assert "no host samples" in v.headline
+
+
+def test_rank_without_host_figures_is_said_plainly() -> None:
+    v = analyze(window(make_steps(wait=INPUT), host_sampled=False, **QUIET))
+    assert any(e.startswith("no host samples: run `gputop agent`") for e in v.evidence)
+
+
+def test_stale_host_samples_are_said_plainly() -> None:
+    v = analyze(window(make_steps(wait=INPUT), systems(T0 - 60)))
+    assert any(e.startswith("no host sample for 64 s:") for e in v.evidence), v.evidence
+
+
+def test_single_host_sample_is_said_plainly() -> None:
+    v = analyze(window(make_steps(wait=INPUT), n=1, **QUIET))
+    assert any("only 1 host sample" in e for e in v.evidence), v.evidence
+
+
+def test_stalled_says_how_long_and_typical_step() -> None:
+    v = analyze(window(make_steps(period=0.21), now=T0 + 39 * 0.21 + 47))
+    assert v.headline == "Stalled: no step for 47 s; typical step 210 ms"
+    assert any("py-spy dump --pid 100" in a for a in v.advice)
+
+
+def test_stalled_tells_blocked_from_busy() -> None:
+    now = T0 + 3.9 + 30
+    blocked = analyze(window(make_steps(), now=now, procs=processes(0.5, [0.0, 0.0])))
+    busy = analyze(window(make_steps(), now=now, procs=processes(100.0, [0.0])))
+    assert any("blocked" in e for e in blocked.evidence), blocked.evidence
+    assert any("busy outside the step loop" in e for e in busy.evidence), busy.evidence
+
+
+def test_stalled_wins_over_everything() -> None:
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            now=T0 + 3.9 + 60,
+            gpus=(gpu(mem=0.99, reasons=("hw_thermal",)),),
+            throttled=50.0,
+        )
+    )
+    assert v.kind == "stalled"
+
+
+def test_input_bound_wins_and_the_rest_become_notes() -> None:
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            gpus=(gpu(mem=0.97, reasons=("hw_thermal",)),),
+            **QUIET,
+        )
+    )
+    assert (v.kind, v.severity) == ("input-bound", "warning")
+    assert any("memory" in n and "full" in n for n in v.notes), v.notes
+    assert any(n.startswith("Throttling") for n in v.notes), v.notes
+    assert v.conditions[0].startswith("input-bound/")
+    assert {"gpu-memory-full", "throttling"} <= set(v.conditions)
+
+
+def test_largest_limiter_is_primary() -> None:
+    """Copies cost 30 % of the step and the data wait 22 %: the copies come first."""
+    v = analyze(window(make_steps(wait=0.022, phases=(("h2d", 0.03),)), **QUIET))
+    assert v.kind == "h2d-copies"
+    assert any(n.startswith("Input-bound") for n in v.notes)
+
+
+def test_h2d_advice_follows_pin_memory() -> None:
+    steps = make_steps(wait=0.001, phases=(("h2d", 0.03),))
+    unpinned = analyze(window(steps, h=hello(pin_memory=False)))
+    pinned = analyze(window(steps, h=hello(pin_memory=True)))
+    assert any("pin_memory=True" in a for a in unpinned.advice)
+    assert not any("pin_memory=True" in a for a in pinned.advice)
+
+
+def test_pcie_alone_is_a_note_not_a_verdict() -> None:
+    v = analyze(window(make_steps(wait=0.001), gpus=(gpu(pcie_rx=10e9),)))
+    assert v.kind == "compute-bound"
+    assert any("PCIe receive 10.0 GB/s" in n for n in v.notes), v.notes
+
+
+def test_compute_bound_batch_hint_needs_evidence() -> None:
+    roomy = analyze(window(make_steps(wait=0.001), gpus=(gpu(util=97.0, mem=0.3),)))
+    full = analyze(window(make_steps(wait=0.001), gpus=(gpu(util=97.0, mem=0.8),)))
+    nothing = analyze(window(make_steps(wait=0.001)))
+    assert any("larger batch" in a for a in roomy.advice)
+    assert not full.advice
+    assert not nothing.advice  # never advice from nothing
+
+
+def test_compute_bound_on_the_cpu_says_what_compute_means() -> None:
+    v = analyze(window(make_steps(wait=0.001)))
+    assert "training loop's own work" in v.headline
+    assert any("compute is the training loop's own time" in e for e in v.evidence)
+
+
+def test_idle_gpu_without_device_timing_is_noted() -> None:
+    v = analyze(window(make_steps(wait=0.001), gpus=(gpu(util=20.0),)))
+    assert v.kind == "compute-bound"
+    assert any("only 20 % busy" in n for n in v.notes), v.notes
+
+
+def test_bursty_waits_count() -> None:
+    """One step in four waits 300 ms, the others not at all: the median wait is 0 but
+    the loop waits 43 % of the time."""
+    steps = []
+    t = T0
+    for i in range(1, 41):
+        wait = 0.3 if i % 4 == 0 else 0.0
+        t += 0.1 + wait
+        steps.append(StepRecord(i, t, 0.1 + wait, wait, 32))
+    v = analyze(window(steps, **QUIET))
+    assert (v.kind, v.severity) == ("input-bound", "warning")
+    assert any("bursts" in e for e in v.evidence)
+
+
+def test_lone_outlier_step_is_left_out() -> None:
+    """One 5 s wait (an epoch start) among 40 quick steps does not make the run input-bound."""
+    steps = make_steps(40, wait=0.001)
+    odd = steps[20]
+    steps[20] = replace(odd, period_s=5.0, wait_s=4.9)
+    steps = [replace(s, end_time=s.end_time + (4.9 if s.index >= odd.index else 0)) for s in steps]
+    v = analyze(window(steps))
+    assert v.kind == "compute-bound", v
+    assert any("1 outlier step left out" in e for e in v.evidence)
+
+
+def test_rounds_longer_than_the_window_count() -> None:
+    """8 workers, 4 s per batch each: 7 quick steps then a 3.6 s wait, round after round.
+    Each window holds one long step, and it is no outlier: it recurs."""
+    steps = []
+    t = T0
+    for i in range(1, 49):
+        wait = 3.6 if i % 8 == 0 else 0.0
+        t += 0.05 + wait
+        steps.append(StepRecord(i, t, 0.05 + wait, wait, 32))
+    for cut in (40, 43, 47):  # just after a long step, in the middle of a round, before one
+        v = analyze(window(steps[:cut], **QUIET))
+        assert (v.kind, v.severity) == ("input-bound", "warning"), (cut, v)
+
+
+def test_resume_after_a_stall_is_not_the_state() -> None:
+    """The step that spans a 20 s hang is left out once steps resume."""
+    steps = make_steps(40, wait=0.001)
+    hang = StepRecord(41, steps[-1].end_time + 20.0, 20.0, 0.0, 32)
+    after = make_steps(5, wait=0.001, first=42, start=hang.end_time + 0.1)
+    v = analyze(window([*steps, hang, *after]))
+    assert v.kind == "compute-bound", v
+    assert v.steps_per_s == pytest.approx(10.0)
+
+
+def test_stale_steps_are_windowed_by_time() -> None:
+    """The wait of 10 s ago is over: only the last STEP_WINDOW_S counts."""
+    old = make_steps(100, wait=INPUT)
+    new = make_steps(100, wait=0.001, first=101, start=old[-1].end_time + 0.1)
+    v = analyze(window(old + new))
+    assert v.kind == "compute-bound", v
+
+
+def test_throttling_needs_most_recent_samples() -> None:
+    now = T0 + 3.95
+    sys = [
+        system(now - 4 + i, gpus=(gpu(reasons=("hw_thermal",) if i == 4 else ()),))
+        for i in range(5)
+    ]
+    assert analyze(window(make_steps(wait=0.001), sys)).kind == "compute-bound"
+
+
+def test_other_tenants_gpu_is_ignored() -> None:
+    g = replace(gpu(mem=0.99), training_mem_bytes=0)
+    assert analyze(window(make_steps(wait=0.001), gpus=(g,))).kind == "compute-bound"
+
+
+# --- hysteresis in analyze (enter / exit thresholds) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wait", "previous_kind", "previous_severity", "expected"),
+    [
+        (0.017, "input-bound", "warning", ("input-bound", "warning")),  # 17 %: held
+        (0.017, "compute-bound", "ok", ("input-bound", "info")),  # 17 %: not entered
+        (0.014, "input-bound", "warning", ("input-bound", "info")),  # below exit
+        (0.004, "input-bound", "info", ("input-bound", "info")),  # 4 %: held
+        (0.004, "compute-bound", "ok", ("compute-bound", "ok")),
+        (0.002, "input-bound", "info", ("compute-bound", "ok")),  # below exit
+    ],
+)
+def test_enter_exit_thresholds(
+    wait: float, previous_kind: str, previous_severity: str, expected: tuple[str, str]
+) -> None:
+    cause = "unknown" if previous_kind == "input-bound" else None
+    cond = f"{previous_kind}/{cause}" if cause else previous_kind
+    prev = Verdict(previous_kind, previous_severity, 1.0, "", cause=cause, conditions=(cond,))
+    v = analyze(window(make_steps(wait=wait), **QUIET), previous=prev)
+    assert (v.kind, v.severity) == expected
+
+
+def test_disk_cause_held_until_exit_threshold() -> None:
+    prev = Verdict(
+        "input-bound", "warning", 1.0, "", cause="disk", conditions=("input-bound/disk",)
+    )
+    w = window(make_steps(wait=INPUT), disk_busy=65.0, **QUIET)
+    assert analyze(w).cause == "unknown"
+    assert analyze(w, previous=prev).cause == "disk"
+
+
+def test_gpu_memory_held_until_exit_threshold() -> None:
+    w = window(make_steps(wait=0.001), gpus=(gpu(mem=0.93),))
+    prev = Verdict("gpu-memory-full", "warning", 1.0, "", conditions=("gpu-memory-full",))
+    assert analyze(w).kind == "compute-bound"
+    assert analyze(w, previous=prev).kind == "gpu-memory-full"
+
+
+# --- the tracker --------------------------------------------------------------------------------
+
+
+def v_(kind: str, severity: str = "warning", cause: str | None = None) -> Verdict:
+    return Verdict(kind, severity, 1.0, kind, cause=cause)
+
+
+def test_tracker_shows_first_verdict_at_once() -> None:
+    t = VerdictTracker()
+    shown = t.update(v_("compute-bound", "ok"), 0.0)
+    assert shown.kind == "compute-bound" and shown.since == 0.0
+
+
+def test_tracker_needs_persistence_for_a_new_kind() -> None:
+    t = VerdictTracker()
+    t.update(v_("compute-bound", "ok"), 0.0)
+    assert t.update(v_("input-bound"), 1.0).kind == "compute-bound"
+    assert t.update(v_("input-bound"), 2.0).kind == "compute-bound"  # 1 s held
+    shown = t.update(v_("input-bound"), 3.0)  # 2 s held, 3 updates
+    assert shown.kind == "input-bound" and shown.since == 1.0
+
+
+def test_tracker_needs_two_updates_even_after_a_gap() -> None:
+    t = VerdictTracker()
+    t.update(v_("compute-bound", "ok"), 0.0)
+    assert t.update(v_("input-bound"), 10.0).kind == "compute-bound"
+    assert t.update(v_("input-bound"), 12.0).kind == "input-bound"
+
+
+def test_tracker_debounces_cause_changes() -> None:
+    t = VerdictTracker()
+    t.update(v_("input-bound", cause="few-workers"), 0.0)
+    assert t.update(v_("input-bound", cause="disk"), 1.0).cause == "few-workers"
+    assert t.update(v_("input-bound", cause="disk"), 3.0).cause == "disk"
+
+
+@pytest.mark.parametrize("kind", ["stalled", "warming-up"])
+def test_tracker_stalled_and_warming_up_apply_and_clear_at_once(kind: str) -> None:
+    t = VerdictTracker()
+    t.update(v_("compute-bound", "ok"), 0.0)
+    assert t.update(v_(kind), 1.0).kind == kind
+    assert t.update(v_("compute-bound", "ok"), 2.0).kind == "compute-bound"
+
+
+def test_tracker_does_not_flap_on_alternating_verdicts() -> None:
+    t = VerdictTracker()
+    shown = [
+        t.update(v_("input-bound") if i % 2 else v_("compute-bound", "ok"), float(i)).kind
+        for i in range(20)
+    ]
+    assert set(shown) == {"compute-bound"}
+
+
+def test_tracker_refreshes_figures_and_keeps_since() -> None:
+    t = VerdictTracker()
+    t.update(replace(v_("input-bound"), headline="a"), 0.0)
+    shown = t.update(replace(v_("input-bound"), headline="b"), 5.0)
+    assert shown.headline == "b" and shown.since == 0.0
+
+
+# --- over time: appear within 5 s, clear when it ends, no flapping ------------------------------
+
+Profile = Callable[[float], tuple[float, float]]  # time since start -> (period, wait)
+
+
+def simulate(profile: Profile, duration: float, **sys_kw: object) -> list[tuple[float, Verdict]]:
+    """Steps produced by ``profile``, host samples at 1 Hz, the tracker updated at 1 Hz."""
+    steps: list[StepRecord] = []
+    t, index = T0, 0
+    while t < T0 + duration:
+        period, wait = profile(t - T0)
+        t += period
+        steps.append(StepRecord(index, t, period, wait, 32))
+        index += 1
+    tracker = VerdictTracker()
+    h = sys_kw.pop("h", hello())
+    shown = []
+    for second in range(1, int(duration)):
+        now = T0 + second
+        visible = [s for s in steps if s.end_time <= now]
+        w = Window(now, visible, systems(now, **sys_kw), h)  # type: ignore[arg-type]
+        shown.append((float(second), tracker.analyze(w)))
+    return shown
+
+
+def first_time(
+    shown: list[tuple[float, Verdict]], after: float, pred: Callable[[Verdict], bool]
+) -> float:
+    return next(t for t, v in shown if t >= after and pred(v))
+
+
+def step_profile(start: float, end: float, inside: float, outside: float = 0.001) -> Profile:
+    """A 100 ms compute step whose data wait is ``inside`` between start and end."""
+
+    def profile(t: float) -> tuple[float, float]:
+        wait = inside if start <= t < end else outside
+        return 0.1 + wait, wait
+
+    return profile
+
+
+def test_input_bound_appears_within_5_s_and_clears_when_it_ends() -> None:
+    shown = simulate(
+        step_profile(20.0, 40.0, 0.08),
+        60.0,
+        h=hello(0),
+        procs=processes(100.0),
+        cpu=cores(8, pinned=1),
+    )
+    before = [v.kind for t, v in shown if 5 <= t < 20]
+    assert set(before) == {"compute-bound"}
+    appeared = first_time(
+        shown, 20.0, lambda v: v.kind == "input-bound" and v.severity == "warning"
+    )
+    assert appeared - 20.0 <= 5.0
+    at = dict(shown)[appeared]
+    assert at.cause == "few-workers"
+    cleared = first_time(shown, 40.0, lambda v: v.kind == "compute-bound")
+    assert cleared - 40.0 <= 8.0
+    during = [v.kind for t, v in shown if appeared <= t < 40]
+    assert set(during) == {"input-bound"}
+
+
+def test_stall_appears_at_once_and_clears_when_steps_resume() -> None:
+    def profile(t: float) -> tuple[float, float]:
+        return (15.0, 0.0) if 20 <= t < 20.2 else (0.1, 0.001)  # one 15 s step at 20 s
+
+    shown = simulate(profile, 45.0)
+    stalled = [t for t, v in shown if v.kind == "stalled"]
+    assert stalled and min(stalled) <= 20.1 + 11  # minimum 10 s, plus the update tick
+    assert max(stalled) < 20.1 + 15 + 1.01  # cleared by the first update after resuming
+
+
+def test_no_flapping_when_the_wait_eases_below_the_enter_threshold() -> None:
+    """25 % wait from 10 s, then 16-19 % from 25 s: once shown as input-bound (warning) the
+    run stays so; it leaves only below 15 %."""
+
+    def profile(t: float) -> tuple[float, float]:
+        if t < 10:
+            share = 0.01
+        elif t < 25:
+            share = 0.25
+        else:
+            share = 0.16 if int(t) % 2 else 0.19
+        return 0.1 / (1 - share), 0.1 / (1 - share) * share
+
+    shown = simulate(profile, 60.0, **QUIET)
+    later = [(v.kind, v.severity) for t, v in shown if t >= 20]
+    assert set(later) == {("input-bound", "warning")}, later
+
+
+def slow_alternation(low: float, high: float) -> Profile:
+    """1 % wait for 10 s, then ``high`` and ``low`` in turns of 6 s: longer than the step
+    window, so without enter/exit thresholds the verdict would follow every turn."""
+
+    def profile(t: float) -> tuple[float, float]:
+        share = 0.01 if t < 10 else (high if int(t - 10) // 6 % 2 == 0 else low)
+        return 0.1 / (1 - share), 0.1 / (1 - share) * share
+
+    return profile
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "settled"),
+    [
+        (0.17, 0.23, ("input-bound", "warning")),  # around 20 %, above the 15 % exit
+        (0.04, 0.065, ("input-bound", "info")),  # around 5 %, above the 3 % exit
+    ],
+)
+def test_no_flapping_around_a_threshold(low: float, high: float, settled: tuple[str, str]) -> None:
+    shown = simulate(slow_alternation(low, high), 70.0, **QUIET)
+    entered = first_time(shown, 10.0, lambda v: (v.kind, v.severity) == settled)
+    assert entered - 10.0 <= 5.0  # appears within 5 s even this close to the threshold
+    after = {(v.kind, v.severity) for t, v in shown if t >= entered}
+    assert after == {settled}, [(t, v.kind, v.severity) for t, v in shown]
+
+
+# --- robustness: any window gives a well-formed verdict -----------------------------------------
+
+_opt_pct = st.none() | st.floats(0, 100)
+
+
+@st.composite
+def any_window(draw: st.DrawFn) -> Window:
+    n = draw(st.integers(0, 40))
+    steps, t = [], T0
+    for i in range(n):
+        period = draw(st.floats(0, 5))
+        t += period
+        steps.append(
+            StepRecord(
+                i,
+                t,
+                period,
+                draw(st.none() | st.floats(0, 6)),
+                draw(st.none() | st.integers(0, 512)),
+                draw(st.none() | st.floats(0, 5)),
+                draw(st.none() | st.floats(0, 5)),
+                draw(st.sampled_from([(), (("h2d", 0.01),), (("copy", 9.0),)])),
+            )
+        )
+    now = t + draw(st.floats(0, 100))
+    sys = []
+    for k in range(draw(st.integers(0, 4))):
+        ncores = draw(st.integers(0, 4))
+        busy = [draw(st.floats(0, 100)) for _ in range(ncores)]
+        sys.append(
+            system(
+                now - k,
+                cpu=CpuSample(
+                    tuple(CpuCore(i, b, 0.0, None, None, 100 - b) for i, b in enumerate(busy)),
+                    None,
+                ),
+                procs=draw(
+                    st.none() | st.just(processes(draw(_opt_pct), [draw(st.floats(0, 200))]))
+                ),
+                disk_busy=draw(_opt_pct),
+                swap_in=draw(st.none() | st.floats(0, 1e8)),
+                throttled=draw(_opt_pct),
+                quota=draw(st.none() | st.floats(0.1, 8)),
+                fs=draw(st.sampled_from([None, "ext4", "nfs4"])),
+                io_some=draw(_opt_pct),
+                gpus=draw(st.sampled_from([(), (gpu(mem=0.99, reasons=None),), (gpu(util=0.0),)])),
+                host_sampled=draw(st.booleans()),
+            )
+        )
+    h = draw(st.sampled_from([None, hello(0), hello(None, loader=False), hello(2)]))
+    return Window(now, steps, sys[::-1], h)
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_window())
+def test_any_window_gives_a_well_formed_verdict(w: Window) -> None:
+    tracker = VerdictTracker()
+    v = tracker.analyze(w)
+    assert v.severity in ("ok", "info", "warning", "critical")
+    assert 0.0 <= v.confidence <= 1.0
+    assert v.headline
+    assert v.kind != "input-bound" or v.cause

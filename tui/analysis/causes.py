@@ -1,0 +1,441 @@
+"""Why the training loop waits for data: the best-supported cause, or "unknown" said plainly.
+
+The rules are tried in order; the first one whose evidence holds wins:
+
+1. memory        sustained swap-in (everything else is slowed by it)
+2. cpu-quota     the container's CPU quota throttles the loader
+3. disk          the data disk is busy (>= DISK_BUSY_ENTER)
+4. network-storage  the dataset is on a network filesystem and the loader is not CPU-bound
+5. disk          the loading processes are mostly off-CPU while the node reads
+6. few-workers / cpu-workers / cpu-contention
+                 num_workers == 0, the loader's processes are CPU-bound, or the CPU is full
+7. disk          weaker: I/O pressure or iowait while the loader is not CPU-bound
+8. unknown       with a sentence saying what was measured or what is missing
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from probe.messages import LoaderInfo
+from tui.analysis import fmt
+from tui.analysis.host import HostStats, is_network_fs
+from tui.analysis.thresholds import (
+    CPU_QUOTA_ENTER_PCT,
+    CPU_QUOTA_EXIT_PCT,
+    DISK_BUSY_ENTER,
+    DISK_BUSY_EXIT,
+    DISK_READ_ACTIVE_BPS,
+    FREE_CORES_FOR_WORKERS,
+    HOST_CPU_FULL_FREE_CORES,
+    IO_PRESSURE_HIGH_PCT,
+    IO_PRESSURE_SOME_PCT,
+    IOWAIT_HIGH_CORES,
+    IOWAIT_SOME_CORES,
+    LOADER_BLOCKED_CPU_PCT,
+    MIN_SYSTEMS,
+    NET_RX_HIGH_BPS,
+    OTHERS_CPU_SHARE,
+    PROCESS_SATURATED_PCT,
+    SWAP_IN_ENTER_BPS,
+    SWAP_IN_EXIT_BPS,
+    SYSTEM_WINDOW_S,
+)
+
+NO_HOST_SAMPLES = (
+    "no host samples: run `gputop agent` on this node or let local rank 0 sample the host"
+)
+MEASURE_LOADER_ALONE = (
+    "measure the loader alone (iterate the DataLoader without the model): its rate is the "
+    "upper bound of the training rate"
+)
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str  # "few-workers", "cpu-workers", "disk", "memory", "network-storage", ...
+    confidence: float  # 0..1, in the cause (the input-bound share is measured, not guessed)
+    summary: str  # completes the headline: "Input-bound: <summary>"
+    evidence: tuple[str, ...]
+    advice: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Context:
+    host: HostStats
+    loader: LoaderInfo | None
+    previous_cause: str | None  # cause of the verdict shown now (hysteresis)
+
+    @property
+    def enough_host(self) -> bool:
+        return self.host.n_host_samples >= MIN_SYSTEMS
+
+    @property
+    def workers(self) -> int | None:
+        """Configured num_workers, else the worker processes seen."""
+        if self.loader is not None and self.loader.num_workers is not None:
+            return self.loader.num_workers
+        return self.host.worker_count
+
+    @property
+    def loader_cpu_bound(self) -> bool:
+        """The processes that load batches are CPU-saturated."""
+        h = self.host
+        if self.workers == 0:
+            return h.main_cpu_pct is not None and h.main_cpu_pct >= PROCESS_SATURATED_PCT
+        count, saturated = h.worker_count, h.saturated_workers
+        return bool(count) and saturated is not None and count is not None and saturated >= count
+
+    @property
+    def loader_cpu_pct(self) -> float | None:
+        """CPU of the process(es) that load batches: main with num_workers=0, else the
+        workers' mean."""
+        return self.host.main_cpu_pct if self.workers == 0 else self.host.worker_cpu_pct
+
+    @property
+    def io_active(self) -> bool:
+        """Some sign that the node reads (weaker figures than the disk rule's)."""
+        h = self.host
+        return (
+            (h.io_some_pct is not None and h.io_some_pct >= IO_PRESSURE_SOME_PCT)
+            or (h.iowait_cores is not None and h.iowait_cores >= IOWAIT_SOME_CORES)
+            or (h.disk_read_bps is not None and h.disk_read_bps >= DISK_READ_ACTIVE_BPS)
+        )
+
+
+def suggest_workers(current: int, free_cores: float | None) -> tuple[int, int]:
+    """A num_workers range to try, bounded by the idle cores.
+
+    At most +4 from zero (or doubling from more): the loader's need is unknown, and every
+    worker costs RAM; the user raises further if the wait persists.
+    """
+    step_cap = max(4, current)
+    if free_cores is None:
+        return max(2, current + 1), current + step_cap
+    room = int(free_cores)
+    if current == 0:
+        room = max(room, 1)  # moving the loading off the main process frees its time
+    room = max(room, 1)
+    return current + min(2, room), current + min(room, step_cap)
+
+
+def host_evidence(ctx: Context) -> list[str]:
+    """The host figures that bear on input-bound causes, as short lines."""
+    h = ctx.host
+    lines: list[str] = []
+    if h.n_cores is not None and h.free_cores is not None:
+        pinned = f"{h.pinned_cores:.0f}" if h.pinned_cores is not None else "?"
+        lines.append(f"CPU: {pinned} of {h.n_cores} cores pinned, {fmt.cores(h.free_cores)} idle")
+    if h.main_cpu_pct is not None:
+        lines.append(f"main process {fmt.pct_value(h.main_cpu_pct)} CPU (of one core)")
+    if h.worker_count:
+        sat = h.saturated_workers if h.saturated_workers is not None else "?"
+        mean = f", mean {fmt.pct_value(h.worker_cpu_pct)}" if h.worker_cpu_pct is not None else ""
+        lines.append(f"{h.worker_count} loader workers, {sat} saturated (≥ 90 % of a core){mean}")
+    if h.disk_busy_pct is not None or h.disk_read_bps is not None:
+        read = fmt.bps(h.disk_read_bps) if h.disk_read_bps is not None else "? MB/s"
+        busy = fmt.pct_value(h.disk_busy_pct) if h.disk_busy_pct is not None else "?"
+        which = " (data device unknown: busiest disk)" if h.data_disk_guessed else ""
+        lines.append(f"disk {h.data_disk}{which}: {read} read, {busy} busy")
+    if h.iowait_cores is not None and h.iowait_cores >= 0.1:
+        lines.append(f"iowait {fmt.cores(h.iowait_cores)}")
+    if h.io_some_pct is not None and h.io_some_pct >= 1.0:
+        lines.append(f"I/O pressure {fmt.pct_value(h.io_some_pct)} (PSI some, avg10)")
+    if h.swap_in_bps is not None and h.swap_in_bps > 0:
+        lines.append(f"swap-in {fmt.bps(h.swap_in_bps)}")
+    if h.throttled_pct is not None and h.throttled_pct > 0:
+        lines.append(_quota_line(h))
+    if is_network_fs(h.data_fs_type):
+        rx = f"; network receive {fmt.bps(h.net_rx_bps)}" if h.net_rx_bps is not None else ""
+        lines.append(f"dataset on {h.data_fs_type}{rx}")
+    return lines
+
+
+def _quota_line(h: HostStats) -> str:
+    quota = f" (quota {fmt.cores(h.quota_cores)})" if h.quota_cores is not None else ""
+    return f"container throttled in {fmt.pct_value(h.throttled_pct or 0.0)} of CPU periods{quota}"
+
+
+def _merge(first: list[str], rest: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(first + rest))
+
+
+def _memory(ctx: Context) -> Cause | None:
+    h = ctx.host
+    limit = SWAP_IN_EXIT_BPS if ctx.previous_cause == "memory" else SWAP_IN_ENTER_BPS
+    if not ctx.enough_host or h.swap_in_bps is None or h.swap_in_bps < limit:
+        return None
+    line = f"swap-in {fmt.bps(h.swap_in_bps)} (median of {h.n_host_samples} samples)"
+    if h.memory_some_pct is not None:
+        line += f", memory pressure {fmt.pct_value(h.memory_some_pct)}"
+    return Cause(
+        "memory",
+        0.85,
+        "the host is swapping",
+        _merge([line], host_evidence(ctx)),
+        (
+            "cut host memory: fewer workers or a smaller prefetch_factor (each worker holds "
+            "its own copy of the dataset object and its prefetched batches)",
+            "memory-map the data instead of loading it whole (numpy.memmap, Arrow, LMDB)",
+            "or run on a machine with more RAM",
+        ),
+    )
+
+
+def _cpu_quota(ctx: Context) -> Cause | None:
+    h = ctx.host
+    limit = CPU_QUOTA_EXIT_PCT if ctx.previous_cause == "cpu-quota" else CPU_QUOTA_ENTER_PCT
+    if not ctx.enough_host or h.throttled_pct is None or h.throttled_pct < limit:
+        return None
+    now = f" (now {fmt.cores(h.quota_cores)})" if h.quota_cores is not None else ""
+    return Cause(
+        "cpu-quota",
+        0.8,
+        "the container's CPU quota starves the loader",
+        _merge([_quota_line(h)], host_evidence(ctx)),
+        (
+            f"raise the container's CPU limit{now}: docker --cpus, Kubernetes resources.limits.cpu",
+            "size num_workers to the quota, not to the host's core count",
+        ),
+    )
+
+
+def _disk_advice(ctx: Context) -> tuple[str, ...]:
+    advice = [
+        "copy the dataset to a local NVMe disk, or cache it in RAM (/dev/shm, tmpfs)",
+        "pack small files into shards (WebDataset, TFRecord, LMDB): fewer, larger reads",
+    ]
+    if ctx.workers is not None and ctx.workers <= 1:
+        advice.append(
+            f"more DataLoader workers keep more reads in flight (num_workers={ctx.workers})"
+        )
+    return tuple(advice)
+
+
+def _disk_busy(ctx: Context) -> Cause | None:
+    h = ctx.host
+    limit = DISK_BUSY_EXIT if ctx.previous_cause == "disk" else DISK_BUSY_ENTER
+    if not ctx.enough_host or is_network_fs(h.data_fs_type):
+        return None
+    if h.disk_busy_pct is None or h.disk_busy_pct < limit:
+        return None
+    # A guessed device or CPU-bound loaders at the same time weaken the case.
+    confidence = 0.85 if not h.data_disk_guessed and not ctx.loader_cpu_bound else 0.6
+    return Cause(
+        "disk",
+        confidence,
+        f"reads from disk {h.data_disk} are the limit",
+        tuple(host_evidence(ctx)),
+        _disk_advice(ctx),
+    )
+
+
+def _network(ctx: Context) -> Cause | None:
+    h = ctx.host
+    if not is_network_fs(h.data_fs_type) or ctx.loader_cpu_bound:
+        return None
+    busy_link = h.net_rx_bps is not None and h.net_rx_bps >= NET_RX_HIGH_BPS
+    return Cause(
+        "network-storage",
+        0.8 if busy_link else 0.55,
+        f"the dataset is read over the network ({h.data_fs_type})",
+        tuple(host_evidence(ctx)),
+        (
+            "copy the dataset to a local disk (or RAM) before training",
+            "if it must stay remote: pack files into shards (fewer round trips) and raise "
+            "num_workers / prefetch_factor to keep more requests in flight",
+        ),
+    )
+
+
+def _blocked_loader(ctx: Context) -> Cause | None:
+    """The loader's processes are mostly off-CPU while the loop waits for them, and the
+    node reads: the reads are what they wait for."""
+    cpu = ctx.loader_cpu_pct
+    if not ctx.enough_host or cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT:
+        return None
+    if not ctx.io_active or is_network_fs(ctx.host.data_fs_type):
+        return None
+    who = "the main process" if ctx.workers == 0 else "the loader workers"
+    line = (
+        f"{who} use only {fmt.pct_value(cpu)} of a core while the loop waits for them: "
+        "they are blocked, and the node reads"
+    )
+    return Cause(
+        "disk",
+        0.65,
+        f"{who} {'waits' if ctx.workers == 0 else 'wait'} on reads",
+        _merge([line], host_evidence(ctx)),
+        _disk_advice(ctx),
+    )
+
+
+def _workers_advice(ctx: Context, current: int) -> tuple[str, ...]:
+    h = ctx.host
+    lo, hi = suggest_workers(current, h.free_cores)
+    if h.free_cores is None:
+        why = "idle cores unknown"
+    elif h.free_cores < FREE_CORES_FOR_WORKERS:
+        why = "no core idle now: the worker overlaps loading with the step; more need more cores"
+    else:
+        why = f"{fmt.cores(h.free_cores)} idle"
+    advice = [f"raise DataLoader num_workers from {current} to {fmt.worker_range(lo, hi)} ({why})"]
+    loader = ctx.loader
+    if loader is not None and loader.persistent_workers is False:
+        advice.append("persistent_workers=True: workers are not restarted every epoch")
+    if loader is not None and loader.prefetch_factor is not None and loader.prefetch_factor < 4:
+        advice.append(f"prefetch_factor {loader.prefetch_factor} → 4 absorbs slow batches")
+    return tuple(advice)
+
+
+def _cpu(ctx: Context) -> Cause | None:
+    h = ctx.host
+    workers = ctx.workers
+    if workers == 0:
+        pinned = h.main_cpu_pct is not None and h.main_cpu_pct >= PROCESS_SATURATED_PCT
+        line = "num_workers=0: the main process loads every batch itself, between steps"
+        return Cause(
+            "few-workers",
+            0.9 if pinned else 0.75,
+            "the main process loads the data itself (num_workers=0)",
+            _merge([line], host_evidence(ctx)),
+            _workers_advice(ctx, 0),
+        )
+    if workers is None:
+        return _single_threaded(ctx)
+    if ctx.loader_cpu_bound:
+        if h.free_cores is not None and h.free_cores >= FREE_CORES_FOR_WORKERS:
+            return Cause(
+                "few-workers",
+                0.85,
+                f"all {h.worker_count} loader workers are CPU-bound while "
+                f"{fmt.cores(h.free_cores)} idle",
+                tuple(host_evidence(ctx)),
+                _workers_advice(ctx, workers),
+            )
+        return _cpu_workers(ctx, 0.85, "every loader worker is CPU-bound and no core is idle")
+    if ctx.enough_host and h.free_cores is not None and h.free_cores < HOST_CPU_FULL_FREE_CORES:
+        return _contention(ctx) or _cpu_workers(ctx, 0.7, "the host CPU is full")
+    return None
+
+
+def _contention(ctx: Context) -> Cause | None:
+    """The CPU is full, but mostly with processes that are not this training run's."""
+    h = ctx.host
+    if h.n_cores is None or h.free_cores is None or h.training_cpu_cores is None:
+        return None
+    busy = h.n_cores - h.free_cores
+    if busy <= 0 or h.training_cpu_cores >= OTHERS_CPU_SHARE * busy:
+        return None
+    line = (
+        f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
+        "cores: other processes take the rest"
+    )
+    return Cause(
+        "cpu-contention",
+        0.7,
+        "the host CPU is full with other processes",
+        _merge([line], host_evidence(ctx)),
+        (
+            "find the other CPU consumers (top, gputop's CPU panel) and stop, move or renice them",
+            "or give the job dedicated cores (taskset, a CPU-pinned container)",
+        ),
+    )
+
+
+def _cpu_workers(ctx: Context, confidence: float, summary: str) -> Cause:
+    return Cause(
+        "cpu-workers",
+        confidence,
+        f"CPU-bound preprocessing: {summary}",
+        tuple(host_evidence(ctx)),
+        (
+            "make decode/augmentation cheaper: smaller stored images, decode at reduced size, "
+            "fewer or simpler transforms, pre-process once offline",
+            "move augmentation to the GPU (NVIDIA DALI, torchvision.transforms.v2 on tensors)",
+            "or give the job more CPU cores",
+        ),
+    )
+
+
+def _single_threaded(ctx: Context) -> Cause | None:
+    """No loader info and no worker processes: one pinned main process is the loader."""
+    h = ctx.host
+    if h.main_cpu_pct is None or h.main_cpu_pct < PROCESS_SATURATED_PCT:
+        return None
+    if h.free_cores is None or h.free_cores < FREE_CORES_FOR_WORKERS:
+        return None
+    return Cause(
+        "few-workers",
+        0.6,
+        "the input pipeline looks single-threaded (main process pinned, cores idle)",
+        tuple(host_evidence(ctx)),
+        (
+            "load batches in parallel: a torch DataLoader with num_workers "
+            f"{fmt.worker_range(*suggest_workers(0, h.free_cores))}",
+        ),
+    )
+
+
+def _io_wait(ctx: Context) -> Cause | None:
+    h = ctx.host
+    if not ctx.enough_host or ctx.loader_cpu_bound:
+        return None
+    pressure = h.io_some_pct is not None and h.io_some_pct >= IO_PRESSURE_HIGH_PCT
+    iowait = h.iowait_cores is not None and h.iowait_cores >= IOWAIT_HIGH_CORES
+    if not (pressure or iowait):
+        return None
+    return Cause(
+        "disk",
+        0.6,
+        "the loader waits on I/O (iowait / I/O pressure high, loader not CPU-bound)",
+        tuple(host_evidence(ctx)),
+        _disk_advice(ctx),
+    )
+
+
+def _missing(ctx: Context) -> str:
+    """What keeps the cause unknown, in a sentence."""
+    h = ctx.host
+    if h.n_host_samples == 0:
+        if h.latest_age_s is not None and h.latest_age_s > SYSTEM_WINDOW_S and h.n_samples == 0:
+            return f"no host sample for {fmt.dur(h.latest_age_s)}: is the node sampler running?"
+        return NO_HOST_SAMPLES
+    if h.n_host_samples < MIN_SYSTEMS:
+        return f"only {h.n_host_samples} host sample so far, {MIN_SYSTEMS} needed for a cause"
+    return (
+        "nothing gputop measures explains the wait: the loader is not CPU-bound, "
+        "the disk is not busy, no swap"
+    )
+
+
+def _unknown(ctx: Context) -> Cause:
+    missing = _missing(ctx)
+    return Cause(
+        "unknown",
+        1.0,
+        f"cause unknown ({missing.split(':')[0]})",
+        _merge([missing], host_evidence(ctx)),
+        (MEASURE_LOADER_ALONE,),
+    )
+
+
+RULES: tuple[Callable[[Context], Cause | None], ...] = (
+    _memory,
+    _cpu_quota,
+    _disk_busy,
+    _network,
+    _blocked_loader,
+    _cpu,
+    _io_wait,
+)
+
+
+def input_cause(host: HostStats, loader: LoaderInfo | None, previous_cause: str | None) -> Cause:
+    ctx = Context(host, loader, previous_cause)
+    for rule in RULES:
+        cause = rule(ctx)
+        if cause is not None:
+            return cause
+    return _unknown(ctx)

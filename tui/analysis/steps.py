@@ -1,0 +1,164 @@
+"""Figures over the recent training steps: data-wait share, throughput, device idle."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from probe.messages import StepRecord
+from tui.analysis.thresholds import (
+    H2D_PHASE_NAMES,
+    MAX_WINDOW_STEPS,
+    MIN_STEPS,
+    OUTLIER_FACTOR,
+    OUTLIER_REPEAT,
+    SKIP_FIRST_STEPS,
+    STEP_WINDOW_S,
+)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Time-weighted figures over the step window.
+
+    Shares are sums over the window (seconds waited / seconds elapsed), not medians:
+    DataLoader workers deliver batches in bursts (N quick steps, then one long wait), and
+    a median over such steps reads 0 % wait while the run is really input-bound.
+    """
+
+    n: int  # steps in the window
+    span_s: float  # sum of their periods
+    trimmed: int  # outlier steps left out
+    mean_period_s: float
+    wait_share: float | None  # None: no step reports wait_s (marked with probe.step)
+    idle_share: float | None  # device idle during the data wait / period (device timing)
+    mean_wait_s: float | None
+    median_wait_s: float | None
+    samples_per_s: float | None
+    steps_per_s: float
+    device_busy_share: float | None  # device_s / period; None without device timing
+    overhead_share: float | None  # device idle beyond the data wait / period
+    h2d_share: float | None  # copy phases / period; None when no step has such a phase
+    h2d_phase: str | None  # the phase name that matched
+
+    @property
+    def lost_share(self) -> float | None:
+        """The share of step time the data wait costs: device idle when measured, else the
+        host's wait."""
+        return self.idle_share if self.idle_share is not None else self.wait_share
+
+
+def usable_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """Steps that can enter statistics: not step 0, with a positive finite period."""
+    return [
+        s
+        for s in steps
+        if s.index >= SKIP_FIRST_STEPS and s.period_s > 0 and math.isfinite(s.period_s)
+    ]
+
+
+def recent(steps: Sequence[StepRecord]) -> list[StepRecord]:
+    """The steps that ended in the last STEP_WINDOW_S before the newest, at least MIN_STEPS.
+
+    Measured from the newest step, not from the clock: a stall is judged separately and
+    must not empty the window.
+    """
+    tail = list(steps[-MAX_WINDOW_STEPS:])
+    if not tail:
+        return []
+    newest = max(s.end_time for s in tail)
+    inside = [s for s in tail if s.end_time >= newest - STEP_WINDOW_S]
+    return inside if len(inside) >= MIN_STEPS else tail[-MIN_STEPS:]
+
+
+def trim_outlier(window: list[StepRecord], history: Sequence[StepRecord]) -> list[StepRecord]:
+    """Leave out the window's longest step when it is a one-off (an epoch start, the resume
+    after a stall): OUTLIER_FACTOR times the median period, and no other step of the
+    history comes within OUTLIER_REPEAT of it.
+
+    Long steps that recur are the steady state of a loader delivering in rounds, and
+    count in full.
+    """
+    if len(window) < 2:
+        return window
+    longest = max(range(len(window)), key=lambda i: window[i].period_s)
+    odd = window[longest]
+    median = statistics.median(s.period_s for s in history)
+    if odd.period_s <= OUTLIER_FACTOR * median:
+        return window
+    near = odd.period_s / OUTLIER_REPEAT
+    if any(s is not odd and s.period_s >= near for s in history):
+        return window
+    return window[:longest] + window[longest + 1 :]
+
+
+def typical_period(steps: Sequence[StepRecord], count: int) -> float:
+    """Median period of the last ``count`` steps (robust to the odd slow step)."""
+    return statistics.median(s.period_s for s in steps[-count:])
+
+
+def _h2d_seconds(step: StepRecord) -> tuple[float, str | None]:
+    total = 0.0
+    name: str | None = None
+    for phase, seconds in step.phases:
+        key = phase.lower()
+        if key in H2D_PHASE_NAMES or key.startswith("h2d"):
+            total += seconds
+            name = name or phase
+    return total, name
+
+
+def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
+    whole = sum(wholes)
+    return sum(parts) / whole if parts and whole > 0 else None
+
+
+def step_stats(steps: list[StepRecord]) -> StepStats:
+    """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
+    and at least MIN_STEPS long."""
+    window = recent(steps)
+    kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
+    periods = [s.period_s for s in kept]
+    span = sum(periods)
+
+    waited = [s for s in kept if s.wait_s is not None]
+    waits = [min(s.wait_s or 0.0, s.period_s) for s in waited]  # a wait within its step
+    wait_share = _share(waits, [s.period_s for s in waited])
+
+    counted = [s for s in kept if s.samples is not None]
+    samples = sum(s.samples or 0 for s in counted)
+    counted_span = sum(s.period_s for s in counted)
+
+    timed = [s for s in kept if s.device_s is not None]
+    idled = [s for s in kept if s.device_idle_s is not None]
+    overhead = [max(0.0, (s.device_idle_s or 0.0) - (s.wait_s or 0.0)) for s in idled]
+    # With device timing, the wait costs only the part the device sat idle through: the
+    # device may still drain queued work while the host waits for the next batch.
+    both = [s for s in idled if s.wait_s is not None]
+    idle_waits = [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both]
+
+    copies = [(s, *_h2d_seconds(s)) for s in kept if s.phases]
+    copy_names = [name for _, _, name in copies if name]
+
+    return StepStats(
+        n=len(kept),
+        span_s=span,
+        trimmed=len(window) - len(kept),
+        mean_period_s=span / len(kept),
+        wait_share=wait_share,
+        idle_share=_share(idle_waits, [s.period_s for s in both]) if both else None,
+        mean_wait_s=sum(waits) / len(waits) if waits else None,
+        median_wait_s=statistics.median(waits) if waits else None,
+        samples_per_s=samples / counted_span if counted and counted_span > 0 else None,
+        steps_per_s=len(kept) / span,
+        device_busy_share=_share([s.device_s or 0.0 for s in timed], [s.period_s for s in timed]),
+        overhead_share=_share(overhead, [s.period_s for s in idled]),
+        h2d_share=(
+            _share([sec for _, sec, _ in copies], [s.period_s for s, _, _ in copies])
+            if copy_names
+            else None
+        ),
+        h2d_phase=copy_names[0] if copy_names else None,
+    )

@@ -1,0 +1,106 @@
+"""Every threshold of the analyzer, in one place, with the reason for its value.
+
+``docs/verdicts.md`` is the user-facing table of these; keep the two in step. Shares are
+fractions (0.20 = 20 %), CPU figures percent of one core, rates bytes per second.
+Pairs named ``*_ENTER`` / ``*_EXIT`` implement hysteresis: a condition starts at ENTER and,
+once shown, holds until the figure falls below EXIT, so noise near a threshold cannot
+make the verdict flap.
+"""
+
+from __future__ import annotations
+
+# --- step window ------------------------------------------------------------------------
+MIN_STEPS = 5  # fewer usable steps: "warming up", never a guess (TraceML needs ~2 to warn)
+SKIP_FIRST_STEPS = 1  # step 0 carries one-off start-up work (lazy init, autotune, compile)
+STEP_WINDOW_S = 3.0  # steps of the last 3 s: a change near a threshold shows in < 3 s
+MAX_WINDOW_STEPS = 300  # bounds the work for very fast steps
+CONFIDENT_STEPS = 20  # TraceML: ~20 steps for a confident verdict
+OUTLIER_FACTOR = 10.0  # a step 10x the median period (epoch start, resume after a stall) ...
+OUTLIER_REPEAT = 3.0  # ... with no other step within 3x of it in the history is a one-off;
+#   a loader whose workers deliver in rounds makes such long steps again and again: they count
+
+# --- data wait (TensorFlow Profiler: <5 % not, 5-20 % moderately, >20 % highly bound) ----
+INPUT_WARN_ENTER = 0.20
+INPUT_WARN_EXIT = 0.15
+INPUT_INFO_ENTER = 0.05
+INPUT_INFO_EXIT = 0.03
+BURSTY_RATIO = 0.5  # median step wait < half the mean: batches arrive in bursts
+
+# --- copies and host overhead (TF flags launch/"other" host time at 3 % / 15 %) ---------
+H2D_PHASE_NAMES = ("h2d", "to_device", "copy")
+H2D_ENTER = 0.15
+H2D_EXIT = 0.10
+PCIE_RX_HIGH_BPS = 6e9  # half of PCIe 3.0 x16: copies dominate the link
+OVERHEAD_ENTER = 0.15  # device idle between steps, beyond the data wait, per step time
+OVERHEAD_EXIT = 0.10
+
+# --- stall --------------------------------------------------------------------------------
+STALL_FACTOR = 5.0  # no step for 5 typical periods ...
+STALL_MIN_S = 10.0  # ... and at least 10 s (flush latency, epoch ends, short hiccups)
+STALL_TYPICAL_STEPS = 30  # typical period = median of the last 30 steps
+
+# --- host samples -------------------------------------------------------------------------
+MIN_SYSTEMS = 2  # host-based causes need at least two samples (one can be a transient)
+SYSTEM_WINDOW_S = 6.0  # host figures are medians over the samples of the last 6 s
+CORE_PINNED_PCT = 90.0  # a core this busy is pinned
+PROCESS_SATURATED_PCT = 90.0  # a process this busy (of one core) is CPU-bound (= sampler)
+FREE_CORES_FOR_WORKERS = 1.0  # idle core-equivalents needed to suggest more workers
+HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
+OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
+IOWAIT_HIGH_CORES = 0.5  # half a core's worth of time waiting on I/O
+IO_PRESSURE_HIGH_PCT = 20.0  # PSI io "some" avg10: tasks stalled on I/O 20 % of the time
+# A loader process well below one core while the loop waits for it is blocked, not busy;
+# with some sign of I/O (weaker figures than above) the reads are what it waits for.
+LOADER_BLOCKED_CPU_PCT = 60.0
+IOWAIT_SOME_CORES = 0.25
+IO_PRESSURE_SOME_PCT = 10.0
+DISK_READ_ACTIVE_BPS = 20e6
+DISK_BUSY_ENTER = 70.0  # data device busy %: near saturation for a single queue
+DISK_BUSY_EXIT = 60.0
+SWAP_IN_ENTER_BPS = 1e6  # any sustained swap-in during training is a bottleneck (seed 003)
+SWAP_IN_EXIT_BPS = 0.5e6
+CPU_QUOTA_ENTER_PCT = 10.0  # cgroup: share of CPU periods throttled
+CPU_QUOTA_EXIT_PCT = 5.0
+NET_RX_HIGH_BPS = 10e6  # network receive that supports "the data comes over the network"
+NETWORK_FS_PREFIXES = (
+    "nfs",
+    "cifs",
+    "smb",
+    "fuse",
+    "lustre",
+    "ceph",
+    "glusterfs",
+    "gpfs",
+    "beegfs",
+    "9p",
+    "afs",
+    "wekafs",
+    "panfs",
+    "orangefs",
+    "pvfs2",
+)
+
+# --- accelerators -------------------------------------------------------------------------
+GPU_MEM_FULL_ENTER = 0.95  # "stay away from max GPU memory" (seed 002): OOM risk
+GPU_MEM_FULL_EXIT = 0.92
+THROTTLE_SLOWDOWN_REASONS = frozenset(
+    {
+        "hw_slowdown",
+        "hw_thermal",
+        "hw_thermal_slowdown",
+        "sw_thermal",
+        "sw_thermal_slowdown",
+        "hw_power_brake",
+        "hw_power_brake_slowdown",
+    }
+)
+THROTTLE_POWER_CAP_REASONS = frozenset({"sw_power_cap"})  # normal at full load: info only
+BUSY_UTIL_PCT = 50.0  # a GPU busier than this is "busy" (power cap matters then)
+THROTTLE_SAMPLE_SHARE = 0.5  # a reason must show in half the recent samples of the GPU
+BATCH_HINT_UTIL_PCT = 90.0  # GPU busy ...
+BATCH_HINT_MEM_MAX = 0.5  # ... and memory half empty: a larger batch may fit and help
+LOW_GPU_UTIL_PCT = 50.0  # compute-bound by the host clock but the GPU mostly idle
+
+# --- tracker ------------------------------------------------------------------------------
+PERSIST_S = 2.0  # a new verdict must hold this long ...
+PERSIST_UPDATES = 2  # ... over at least this many consecutive updates before it is shown
