@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -284,9 +285,19 @@ class Probe:
             phases = self._phases or None
             self._phases = {}
             if len(self._steps) < MAX_BUFFERED_STEPS:
-                # t0 == t1: no data-wait measurement for explicitly marked steps
+                # t1 < 0 says "no data-wait measurement" for explicitly marked steps
                 self._steps.append(
-                    (self._index, self._last_mark, -1.0, now, _as_count(samples), phases, None, None, None)
+                    (
+                        self._index,
+                        self._last_mark,
+                        -1.0,
+                        now,
+                        _as_count(samples),
+                        phases,
+                        None,
+                        None,
+                        None,
+                    )
                 )
             else:
                 self._dropped_steps += 1
@@ -304,7 +315,8 @@ class Probe:
             self._hello_dirty.set()
 
     # ----------------------------------------------------------- publisher thread
-    def hello(self) -> Hello:
+    def hello(self, progress: tuple[int, float | None, float | None] = (0, None, None)) -> Hello:
+        """``progress``: (steps published, last step's end time, median recent period)."""
         torch = sys.modules.get("torch")
         return Hello(
             source_id=self.source_id,
@@ -323,6 +335,9 @@ class Probe:
             timing_note=self._timing_note,
             loader=self._loader_info,
             host_sampler=self._sample_host,
+            step_count=progress[0],
+            last_step_end=progress[1],
+            typical_period_s=progress[2],
         )
 
     def _run(self) -> None:
@@ -332,6 +347,9 @@ class Probe:
         wall_offset = time.time() - time.perf_counter()
         pending: deque[tuple[_Raw, float]] = deque()  # waiting for CUDA events
         last_hello = 0.0
+        published = 0
+        last_end: float | None = None
+        periods: deque[float] = deque(maxlen=30)
 
         def send(message: Any) -> None:
             nonlocal sent, dropped
@@ -353,11 +371,16 @@ class Probe:
             stopping = self._stop.wait(self._flush_interval_s)
             try:
                 now = time.monotonic()
+                records = self._drain(pending, wall_offset, force=stopping)
+                if records:
+                    published += len(records)
+                    last_end = records[-1].end_time
+                    periods.extend(r.period_s for r in records)
                 if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
                     self._hello_dirty.clear()
                     last_hello = now
-                    send(self.hello())
-                records = self._drain(pending, wall_offset, force=stopping)
+                    typical = statistics.median(periods) if periods else None
+                    send(self.hello((published, last_end, typical)))
                 if records:
                     send(Steps(self.source_id, tuple(records), sent, dropped, self._dropped_steps))
                 if self._sampler is not None:

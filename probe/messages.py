@@ -47,6 +47,10 @@ class Hello:
     timing_note: str | None = None  # why there is no device timing, when there is none
     loader: LoaderInfo | None = None
     host_sampler: bool = False  # this process samples the node (one per node)
+    # Progress, so that a viewer attaching during a hang can still tell it is a hang:
+    step_count: int = 0  # steps measured so far
+    last_step_end: float | None = None  # Unix time the last step ended
+    typical_period_s: float | None = None  # median of the last 30 step periods
 
 
 @dataclass(frozen=True)

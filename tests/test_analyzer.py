@@ -1137,3 +1137,26 @@ def test_any_window_gives_a_well_formed_verdict(w: Window) -> None:
     assert 0.0 <= v.confidence <= 1.0
     assert v.headline
     assert v.kind != "input-bound" or v.cause
+
+
+@pytest.mark.parametrize(
+    ("step_count", "last_end_ago", "typical", "kind"),
+    [
+        (1200, 47.0, 0.21, "stalled"),  # attached during a hang: only the hello knows
+        (1200, 1.0, 0.21, "warming-up"),  # steps are flowing, just not received yet
+        (3, 47.0, 0.21, "warming-up"),  # too few steps ever to know what is typical
+        (1200, 40.0, 10.0, "warming-up"),  # slow steps: 40 s is within 5 x typical
+    ],
+)
+def test_stall_seen_from_the_hello_alone(
+    step_count: int, last_end_ago: float, typical: float, kind: str
+) -> None:
+    now = T0 + 1000
+    h = replace(
+        hello(), step_count=step_count, last_step_end=now - last_end_ago, typical_period_s=typical
+    )
+    v = analyze(Window(now=now, steps=(), systems=systems(now), hello=h))
+    assert v.kind == kind
+    if kind == "stalled":
+        assert v.headline == "Stalled: no step for 47 s; typical step 210 ms"
+        assert any("last step 1199" in e for e in v.evidence)

@@ -226,13 +226,30 @@ def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
 
 
 def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
-    typical = typical_period(steps, STALL_TYPICAL_STEPS)
-    gap = window.now - max(s.end_time for s in steps)
+    """No step for much longer than usual. The steps in the window tell when the last step
+    ended and what is typical; a viewer that attached during the hang has no steps and
+    relies on the progress the probe repeats in its hello."""
+    hello = window.hello
+    ends = [s.end_time for s in window.steps]
+    last_index = window.steps[-1].index if window.steps else None
+    if hello is not None and hello.last_step_end is not None:
+        ends.append(hello.last_step_end)
+        if last_index is None or hello.step_count - 1 > last_index:
+            last_index = hello.step_count - 1
+    if len(steps) >= MIN_STEPS:
+        typical: float | None = typical_period(steps, STALL_TYPICAL_STEPS)
+    elif hello is not None and hello.step_count >= MIN_STEPS:
+        typical = hello.typical_period_s
+    else:
+        typical = None
+    if typical is None or not ends:
+        return None
+    gap = window.now - max(ends)
     limit = max(STALL_FACTOR * typical, STALL_MIN_S)
     if gap <= limit:
         return None
     evidence = [
-        f"last step {steps[-1].index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
+        f"last step {last_index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     ]
     state = _process_state(window.systems, window.now)
@@ -586,11 +603,11 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
     condition it holds is left only below its exit threshold)."""
     steps = usable_steps(window.steps)
-    if len(steps) < MIN_STEPS:
-        return _warming_up(window, steps)
     stalled = _stalled(window, steps)
     if stalled is not None:
         return stalled
+    if len(steps) < MIN_STEPS:
+        return _warming_up(window, steps)
     hello = window.hello
     ctx = _Ctx(
         window=window,
