@@ -35,7 +35,7 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/demo_throughput.py
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
-	$(BIN)/python -m tui.screenshots screenshots
+	$(BIN)/python tools/screenshots.py screenshots
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -122,22 +122,20 @@ def cmd_demo(argv: list[str]) -> int:
 
 
 def start_demo(
-    scenario: str, duration: float = 0.0, extra: Sequence[str] = ()
+    scenario: str,
+    duration: float = 0.0,
+    extra: Sequence[str] = (),
+    launcher: Sequence[str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """Start the demo training as a child process publishing on a private endpoint."""
+    """Start the demo training as a child process publishing on a private endpoint.
+
+    ``launcher`` replaces ``python -m tui.demo.train`` (the screenshots use it to run the
+    training with simulated accelerators)."""
     endpoint = f"ipc://{discovery.runtime_dir()}/demo-{os.getpid()}-{scenario}.sock"
-    log_path = Path(tempfile.gettempdir()) / f"gputop-demo-{os.getpid()}.log"
+    log_path = Path(tempfile.gettempdir()) / f"gputop-demo-{os.getpid()}-{scenario}.log"
     env = {**os.environ, "GPUTOP_LISTEN": endpoint, "GPUTOP_NAME": f"demo {scenario}"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "tui.demo.train",
-        "--scenario",
-        scenario,
-        "--duration",
-        str(duration),
-        *extra,
-    ]
+    base = list(launcher) if launcher else [sys.executable, "-m", "tui.demo.train"]
+    cmd = [*base, "--scenario", scenario, "--duration", str(duration), *extra]
     with open(log_path, "wb") as log:
         child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     return child, endpoint, log_path
