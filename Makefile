@@ -32,7 +32,9 @@ lint: $(STAMP)  ## ruff and mypy
 bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/probe_overhead.py
 	$(BIN)/python bench/sampler_cost.py
+	$(BIN)/python bench/accel_cost.py
 	$(BIN)/python bench/demo_throughput.py
+	$(BIN)/python bench/viewer_cpu.py
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
 	$(BIN)/python tools/screenshots.py screenshots
