@@ -1,0 +1,216 @@
+"""The gputop viewer: a Textual app fed by a :class:`~tui.events.Source`.
+
+Threads: the source calls ``emit`` on its own thread; ``emit`` only posts a message.
+The state changes in that message's handler (the UI thread); a timer at ``refresh_hz``
+recomputes time-dependent state and redraws the panels. ``clock`` is the only time the
+app reads, so tests and snapshots freeze it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import Footer
+
+from tui.events import Source, SourceEvent
+from tui.state import ViewerState
+from tui.widgets.accelerators import AcceleratorsPanel
+from tui.widgets.banner import Banner
+from tui.widgets.cpu import CpuPanel
+from tui.widgets.disk import DiskPanel
+from tui.widgets.header import HeaderBar
+from tui.widgets.help import HelpScreen
+from tui.widgets.memory import MemoryPanel
+from tui.widgets.network import NetworkPanel
+from tui.widgets.status import StatusLine
+from tui.widgets.throughput import ThroughputGraph
+
+WIDE_COLUMNS = 120  # from this width the panels sit side by side
+
+
+class SourceEvents(Message):
+    """A batch of events from the source, posted from the source's thread."""
+
+    def __init__(self, events: list[SourceEvent]) -> None:
+        self.events = events
+        super().__init__()
+
+
+class GputopApp(App[None]):
+    """``source`` feeds the app; ``local_host`` is this machine's name (the host shown
+    when no run is selected); ``clock`` returns Unix seconds."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gputop"
+    ENABLE_COMMAND_PALETTE = False
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_COLUMNS, "-wide")]
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("tab", "next_run", "Next run", priority=True),
+        Binding("shift+tab", "previous_run", "Prev run", show=False, priority=True),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("s", "save_screenshot", "Screenshot"),
+        *(Binding(str(n), f"select_run({n})", f"Run {n}", show=False) for n in range(1, 10)),
+    ]
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        local_host: str,
+        refresh_hz: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        history_s: float = 300.0,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.local_host = local_host
+        self.refresh_hz = refresh_hz
+        self.clock = clock
+        self.state = ViewerState(local_host, history_s=history_s)
+        self.paused = False
+        self.events_applied = 0
+        self._timer: Timer | None = None
+        self._source_started = False
+        # The panels, kept by reference: a timer may fire while the screen is torn down.
+        self.header = HeaderBar(id="header")
+        self.status = StatusLine(id="status")
+        self.banner = Banner(id="banner")
+        self.graph = ThroughputGraph(id="throughput")
+        self.accelerators = AcceleratorsPanel(id="accelerators")
+        self.cpu = CpuPanel(id="cpu")
+        self.memory = MemoryPanel(id="memory")
+        self.disk = DiskPanel(id="disk")
+        self.network = NetworkPanel(id="network")
+
+    # ---------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        yield self.status
+        yield self.banner
+        yield self.graph
+        with VerticalScroll(id="panels"):
+            yield self.accelerators
+            yield self.cpu
+            yield self.memory
+            yield self.disk
+            yield self.network
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_view()
+        if self.refresh_hz > 0:
+            self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
+        self.source.start(self._emit)
+        self._source_started = True
+
+    def on_unmount(self) -> None:
+        self._stop_source()
+
+    def _stop_source(self) -> None:
+        if self._source_started:
+            self._source_started = False
+            self.source.stop()
+
+    # ---------------------------------------------------------------- data in
+
+    def _emit(self, events: list[SourceEvent]) -> None:
+        """Called by the source, on any thread: hand the batch to the UI thread."""
+        self.post_message(SourceEvents(list(events)))
+
+    @on(SourceEvents)
+    def _apply_events(self, message: SourceEvents) -> None:
+        self.state.apply_all(message.events)
+        self.events_applied += len(message.events)
+
+    # ---------------------------------------------------------------- data out
+
+    def refresh_view(self) -> None:
+        """Recompute time-dependent state and, unless paused, redraw every panel."""
+        self.state.tick(self.clock())
+        if not self.paused:
+            self._show()
+
+    def _show(self) -> None:
+        state = self.state
+        now = self.clock()
+        run = state.selected
+        host = state.display_host()
+        system = state.host_system()
+        self.header.show(run, state.runs, state.selected_index, host)
+        self.status.show(state.errors, state.error_count, run, now)
+        self.banner.show(run, host, now)
+        self.graph.show(run, state.throughput())
+        self.accelerators.show(system)
+        self.cpu.show(
+            system.cpu if system else None,
+            state.training_processes(),
+            system.cgroup if system else None,
+        )
+        self.memory.show(
+            system.memory if system else None,
+            system.pressure if system else None,
+            system.cgroup if system else None,
+            system.statuses if system else (),
+        )
+        loader = run.loader if run is not None else None
+        self.disk.show(
+            system.disks if system else (),
+            system.data_device if system else None,
+            system.data_fs_type if system else None,
+            loader.dataset_path if loader is not None else None,
+        )
+        self.network.show(system.nets if system else ())
+        self.sub_title = run.label if run is not None else host or ""
+
+    # ---------------------------------------------------------------- actions
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.header.set_paused(self.paused)
+        if not self.paused:
+            self.refresh_view()
+
+    def _switched(self) -> None:
+        """Show the newly selected run at once, even while paused (the user asked)."""
+        self.state.tick(self.clock())
+        self._show()
+
+    def action_next_run(self) -> None:
+        self.state.select_next()
+        self._switched()
+
+    def action_previous_run(self) -> None:
+        self.state.select_previous()
+        self._switched()
+
+    def action_select_run(self, number: int) -> None:
+        if self.state.select(number - 1):
+            self._switched()
+        else:
+            self.notify(f"No run {number}", severity="warning", timeout=2)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_save_screenshot(self) -> None:
+        stamp = datetime.fromtimestamp(self.clock(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
+        path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=os.getcwd())
+        self.notify(f"Screenshot saved: {Path(path).resolve()}", timeout=4)
+
+    async def action_quit(self) -> None:
+        self._stop_source()
+        self.exit()

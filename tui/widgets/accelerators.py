@@ -1,0 +1,233 @@
+"""GPUs and HPUs: utilisation and memory bars, power, temperature, clocks, PCIe.
+
+Rows keep the fields that fit the width, most important first; with many devices on a
+narrow terminal two devices share a row so that eight GPUs fit in four lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
+from tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
+from tui.widgets.base import Panel
+
+MIN_CELL = 34  # columns a device needs when two share a row
+MISSING_SOURCES = {"nvml": "no NVIDIA GPU", "hl-smi": "no Gaudi"}
+THROTTLE_WORDS = {
+    "hw_thermal": "thermal",
+    "sw_thermal": "thermal",
+    "hw_power_brake": "power brake",
+    "sw_power_cap": "power cap",
+    "hw_slowdown": "slowdown",
+}
+HOT_C = 85.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one row shows, for a GPU or an HPU alike."""
+
+    kind: str  # "GPU" or "HPU"
+    index: int
+    name: str | None
+    lost: str | None  # why, when the device is lost
+    util_pct: float | None
+    mem_used: int | None
+    mem_total: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    temperature_c: float | None
+    sm_clock_mhz: float | None = None
+    pcie_rx_bps: float | None = None
+    pcie_tx_bps: float | None = None
+    throttle: tuple[str, ...] = ()
+
+
+def _gpu(gpu: GpuSample) -> Device:
+    lost = (gpu.error or "lost") if gpu.state == "lost" else None
+    throttle = tuple(
+        dict.fromkeys(THROTTLE_WORDS[r] for r in gpu.throttle_reasons or () if r in THROTTLE_WORDS)
+    )
+    return Device(
+        "GPU",
+        gpu.index,
+        gpu.name,
+        lost,
+        gpu.util_pct,
+        gpu.mem_used_bytes,
+        gpu.mem_total_bytes,
+        gpu.power_w,
+        gpu.power_limit_w,
+        gpu.temperature_c,
+        gpu.sm_clock_mhz,
+        gpu.pcie_rx_bps,
+        gpu.pcie_tx_bps,
+        throttle,
+    )
+
+
+def _hpu(hpu: HpuSample) -> Device:
+    lost = (hpu.error or "lost") if hpu.state == "lost" else None
+    return Device(
+        "HPU",
+        hpu.index,
+        hpu.name,
+        lost,
+        hpu.util_pct,
+        hpu.mem_used_bytes,
+        hpu.mem_total_bytes,
+        hpu.power_w,
+        hpu.power_max_w,
+        hpu.temperature_c,
+    )
+
+
+def _short_name(name: str | None) -> str:
+    return (name or "?").removeprefix("NVIDIA ").removeprefix("Intel ")
+
+
+def _power(device: Device) -> str:
+    if device.power_w is None:
+        return NA
+    if device.power_limit_w is None:
+        return f"{device.power_w:.0f}W"
+    return f"{device.power_w:.0f}/{device.power_limit_w:.0f}W"
+
+
+class AcceleratorsPanel(Panel):
+    COMPONENT_CLASSES = {"gpu--util", "gpu--mem", "gpu--lost"}
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.devices: tuple[Device, ...] = ()
+        self.statuses: tuple[SourceStatus, ...] = ()
+        self.border_title = "Accelerators"
+
+    def show(self, system: SystemSample | None) -> None:
+        if system is None:
+            self.devices, self.statuses = (), ()
+        else:
+            self.devices = tuple(_gpu(g) for g in system.gpus) + tuple(_hpu(h) for h in system.hpus)
+            self.statuses = tuple(
+                s for s in system.statuses if not s.ok and s.source in MISSING_SOURCES
+            )
+        self.border_title = self._title()
+        self.changed()
+
+    def _title(self) -> str:
+        if not self.devices:
+            return "Accelerators"
+        parts = []
+        for kind in ("GPU", "HPU"):
+            devices = [d for d in self.devices if d.kind == kind]
+            if not devices:
+                continue
+            names = {d.name for d in devices if d.name}
+            name = f" {_short_name(names.pop())}" if len(names) == 1 else ""
+            parts.append(f"{kind} {TIMES}{len(devices)}{name}")
+        return " · ".join(parts) + " · util, memory"
+
+    def _same_names(self) -> bool:
+        return len({(d.kind, d.name) for d in self.devices if d.lost is None}) <= 1
+
+    def build(self, width: int) -> list[Text]:
+        lines: list[Text] = []
+        if not self.devices and not self.statuses:
+            return [Text("no accelerator reported", self.style("panel--dim"))]
+        # On a narrow screen height is short: four or more devices go two to a row.
+        two_per_row = (
+            len(self.devices) >= 4
+            and self.screen.has_class("-narrow")
+            and (width - 2) // 2 >= MIN_CELL
+        )
+        cell_width = (width - 2) // 2 if two_per_row else width
+        show_name = not self._same_names()
+        cells = [self._row(d, cell_width, show_name) for d in self.devices]
+        if two_per_row:
+            for left, right in zip(cells[0::2], [*cells[1::2], Text()], strict=False):
+                left.truncate(cell_width, pad=True)
+                lines.append(Text("  ").join([left, right]))
+        else:
+            lines.extend(cells)
+        for status in self.statuses:
+            text = f"{MISSING_SOURCES[status.source]}: {status.message or 'not available'}"
+            lines.append(Text(text, self.style("panel--dim")))
+        return lines
+
+    def _row(self, device: Device, width: int, show_name: bool) -> Text:
+        index = Text(
+            f"{device.index:>{2 if len(self.devices) > 10 else 1}} ", self.style("panel--label")
+        )
+        if device.lost is not None:
+            index.append(f"lost: {device.lost}", self.style("gpu--lost"))
+            return index
+        name = (
+            Text(f"{_short_name(device.name)} ", self.style("panel--dim")) if show_name else Text()
+        )
+        util_pct = Text(f"{fmt_pct(device.util_pct, compact=True):>4}")
+        short = width < 60
+        ratio = fmt_ratio(device.mem_used, device.mem_total, short=short)
+        mem_ratio = Text(f" {ratio}" if ratio != NA else " mem n/a")
+        temp_style = (
+            self.style("panel--warning")
+            if device.temperature_c is not None and device.temperature_c >= HOT_C
+            else None
+        )
+        # Optional fields, most important first; each keeps a leading space.
+        temp, power = fmt_temp(device.temperature_c), _power(device)
+        optional: list[Text] = [  # an unreported value keeps its name: "temp n/a"
+            Text(f"  {temp}" if temp != NA else "  temp n/a", temp_style or ""),
+            Text(f"  {power}" if power != NA else "  power n/a"),
+        ]
+        if device.sm_clock_mhz is not None:
+            optional.append(Text(f"  {device.sm_clock_mhz:.0f}MHz"))
+        if device.pcie_rx_bps is not None or device.pcie_tx_bps is not None:
+            optional.append(
+                Text(f"  PCIe ↓{fmt_rate(device.pcie_rx_bps)} ↑{fmt_rate(device.pcie_tx_bps)}")
+            )
+        throttle = (
+            Text(f"  ⚠ {', '.join(device.throttle)}", self.style("panel--warning"))
+            if device.throttle
+            else Text()
+        )
+        fixed = index.cell_len + name.cell_len + util_pct.cell_len + 1 + mem_ratio.cell_len
+        fixed += throttle.cell_len
+        min_bars = 10
+        chosen: list[Text] = []
+        room = width - fixed - min_bars
+        for field in optional:
+            if field.cell_len <= room:
+                chosen.append(field)
+                room -= field.cell_len
+            else:
+                break
+        bars = max(4, room + min_bars)
+        util_width = max(3, min(24, bars * 11 // 20))
+        mem_width = max(3, min(20, bars - util_width))
+        mem_fraction = (
+            device.mem_used / device.mem_total
+            if device.mem_used is not None and device.mem_total
+            else None
+        )
+        row = Text()
+        row.append_text(index)
+        row.append_text(name)
+        row.append_text(self.styled_bar([_fraction(device.util_pct)], util_width, ["gpu--util"]))
+        row.append_text(util_pct)
+        row.append(" ")
+        row.append_text(self.styled_bar([mem_fraction], mem_width, ["gpu--mem"]))
+        row.append_text(mem_ratio)
+        for field in chosen:
+            row.append_text(field)
+        row.append_text(throttle)
+        return row
+
+
+def _fraction(pct: float | None) -> float | None:
+    return None if pct is None else pct / 100.0
+
+
+__all__ = ["AcceleratorsPanel", "Device"]

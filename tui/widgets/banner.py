@@ -1,0 +1,165 @@
+"""The bottleneck banner: the verdict, why, what to do, and what it would gain.
+
+Its severity sets a class (``-ok``, ``-info``, ``-warning``, ``-critical``, ``-muted``)
+that ``app.tcss`` colours. Without a probe it says how to instrument a script.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from tui.analyzer import Verdict
+from tui.format import fmt_duration, fmt_share
+from tui.state import INSTRUMENT_HINT, OUR_PROTOCOL, RunSummary, upgrade_advice
+from tui.widgets.base import Panel, wrap
+
+SEVERITIES = ("ok", "info", "warning", "critical", "muted")
+SEVERITY_GLYPHS = {"ok": "✓", "info": "●", "warning": "▲", "critical": "✖", "muted": "■"}
+WIDE_BANNER = 118  # below this many columns the banner keeps to four lines
+NARROW_LINES = 4
+
+
+class Banner(Panel):
+    COMPONENT_CLASSES = {
+        "banner--kind",
+        "banner--headline",
+        "banner--evidence",
+        "banner--advice",
+        "banner--headroom",
+        "banner--code",
+        "banner--note",
+    }
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.run: RunSummary | None = None
+        self.host: str | None = None
+        self.now = 0.0
+        self.severity = "info"
+        self._set_severity("info")
+
+    def show(self, run: RunSummary | None, host: str | None, now: float) -> None:
+        self.run, self.host, self.now = run, host, now
+        self._set_severity(self._severity())
+        self.changed()
+
+    def _set_severity(self, severity: str) -> None:
+        self.severity = severity
+        for name in SEVERITIES:
+            self.set_class(name == severity, f"-{name}")
+
+    def _severity(self) -> str:
+        run = self.run
+        if run is None or run.is_placeholder:
+            return "critical" if run is not None and run.connection.state == "error" else "info"
+        state = run.connection.state
+        if state == "incompatible":
+            return "critical"
+        if state == "exited":
+            return "muted"
+        if run.verdict is None:
+            return "warning" if state == "stale" else "info"
+        return run.verdict.severity if run.verdict.severity in SEVERITIES else "info"
+
+    # ---------------------------------------------------------------- rendering
+
+    def build(self, width: int) -> list[Text]:
+        run = self.run
+        if run is None:
+            where = f" {self.host}" if self.host else ""
+            return [
+                self._headline("info", "NO PROBE", f"No training run attached: showing{where}."),
+                self._hint("Instrument a script:"),
+            ]
+        if run.is_placeholder:
+            if run.connection.state == "error":
+                return [self._headline("critical", "NO CONNECTION", run.connection.text)]
+            where = run.name if run.name == run.endpoint else f"{run.name} at {run.endpoint}"
+            return [
+                self._headline("info", "WAITING", f"{where}: nothing received yet."),
+                self._hint("Not instrumented yet?"),
+            ]
+        state = run.connection.state
+        if state == "incompatible":
+            theirs = f"{run.theirs[0]}.{run.theirs[1]}" if run.theirs else "another version"
+            headline = (
+                f"the probe speaks protocol {theirs}, this gputop speaks {OUR_PROTOCOL}: "
+                "its messages cannot be read"
+            )
+            return [
+                *wrap(self._headline("critical", "INCOMPATIBLE", headline), width),
+                self._item("→", upgrade_advice(run.theirs), "banner--advice"),
+            ]
+        verdict = run.verdict
+        if verdict is None:
+            if state == "exited":
+                return [self._headline("muted", "EXITED", f"The run {run.connection.text}.")]
+            if state == "stale":
+                return [
+                    self._headline(
+                        "warning", "STALE", f"{run.connection.text}: is the process still running?"
+                    )
+                ]
+            return [self._headline("info", "WAITING", "Connected; waiting for the first steps.")]
+        return self._verdict_lines(run, verdict, width)
+
+    def _headline(self, severity: str, kind: str, headline: str, right: str = "") -> Text:
+        line = Text()
+        line.append(SEVERITY_GLYPHS.get(severity, "●"), self.style("banner--kind"))
+        if kind:
+            line.append(f" {kind}", self.style("banner--kind"))
+        line.append(" ")
+        line.append(headline, self.style("banner--headline"))
+        if right:
+            line.append(f"   {right}", self.style("banner--note"))
+        return line
+
+    def _hint(self, lead: str) -> Text:
+        line = Text(f"  {lead} ", self.style("banner--note"))
+        line.append(INSTRUMENT_HINT, self.style("banner--code"))
+        return line
+
+    def _verdict_lines(self, run: RunSummary, verdict: Verdict, width: int) -> list[Text]:
+        state = run.connection.state
+        prefix = ""
+        if state == "exited":
+            prefix = f"{run.connection.text}. Last verdict: "
+        elif state == "stale" and run.connection.age_s is not None:
+            prefix = f"(as of {fmt_duration(run.connection.age_s)} ago) "
+        kind = verdict.kind.replace("-", " ").upper()
+        if verdict.headline.replace("-", " ").upper().startswith(kind):
+            kind = ""  # the headline names it already: do not say it twice
+        wide = width >= WIDE_BANNER
+        right = ""
+        if wide:
+            facts = []
+            since: float | None = getattr(verdict, "since", None)
+            if since is not None and state == "live" and self.now - since >= 1.0:
+                facts.append(f"for {fmt_duration(self.now - since)}")
+            if verdict.confidence > 0:
+                facts.append(f"confidence {fmt_share(verdict.confidence)}")
+            right = " · ".join(facts)
+        severity = self._severity()
+        headline = self._headline(severity, kind, prefix + verdict.headline, right)
+        lines = wrap(headline, width, max_lines=2)
+        evidence = list(verdict.evidence)
+        advice = list(verdict.advice)
+        notes: tuple[str, ...] = tuple(getattr(verdict, "notes", ()) or ())
+        if wide:
+            lines += [self._item("•", text, "banner--evidence") for text in evidence[:3]]
+            lines += [self._item("→", text, "banner--advice") for text in advice[:2]]
+            if verdict.headroom:
+                lines.append(self._item("⇡", verdict.headroom, "banner--headroom"))
+            lines += [self._item("·", text, "banner--note") for text in notes[:1]]
+            return lines
+        # Narrow: four lines at most, what to do before why.
+        if advice:
+            lines.append(self._item("→", advice[0], "banner--advice"))
+        if evidence:
+            lines.append(self._item("•", " · ".join(evidence), "banner--evidence"))
+        if verdict.headroom:
+            lines.append(self._item("⇡", verdict.headroom, "banner--headroom"))
+        return lines[:NARROW_LINES]
+
+    def _item(self, glyph: str, text: str, component: str) -> Text:
+        return Text(f"  {glyph} {text}", self.style(component))

@@ -1,0 +1,150 @@
+"""CPU cores as a compact grid of stacked bars (user, system, iowait, steal), the
+DataLoader workers' CPU, load and the container's CPU quota."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.text import Text
+
+from probe.samples import CgroupSample, CpuCore, CpuSample, TrainingProcesses
+from tui.format import TIMES, fmt_pct
+from tui.widgets.base import Panel
+
+SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
+CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]
+
+
+@dataclass(frozen=True)
+class GridShape:
+    columns: int
+    rows: int
+    bar_width: int
+    show_pct: bool
+
+
+def grid_shape(cores: int, width: int) -> GridShape:
+    """Columns, rows and bar width so that ``cores`` fit ``width`` in few rows: at most
+    4 rows up to 16 cores, 8 rows beyond (64 cores: 8 x 8); percentages when room."""
+    cores = max(1, cores)
+    label = len(str(cores - 1)) + 1
+    max_rows = 4 if cores <= 16 else 8
+    columns = math.ceil(cores / max_rows)
+    for show_pct, minimum in ((True, 8), (False, 4)):
+        bar = width // columns - label - 1 - (5 if show_pct else 0)
+        if bar >= minimum:
+            return GridShape(columns, math.ceil(cores / columns), min(bar, 40), show_pct)
+    columns = max(1, width // (label + 3 + 1))
+    bar = max(1, width // columns - label - 1)
+    return GridShape(columns, math.ceil(cores / columns), bar, False)
+
+
+def _fractions(core: CpuCore) -> list[float | None]:
+    return [
+        None if v is None else v / 100.0
+        for v in (core.user_pct, core.system_pct, core.iowait_pct, core.steal_pct)
+    ]
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+class CpuPanel(Panel):
+    COMPONENT_CLASSES = {"cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"}
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.cpu: CpuSample | None = None
+        self.processes: TrainingProcesses | None = None
+        self.cgroup: CgroupSample | None = None
+        self.border_title = "CPU"
+
+    def show(
+        self,
+        cpu: CpuSample | None,
+        processes: TrainingProcesses | None,
+        cgroup: CgroupSample | None,
+    ) -> None:
+        self.cpu, self.processes, self.cgroup = cpu, processes, cgroup
+        count = len(cpu.cores) if cpu is not None else 0
+        load = ""
+        if cpu is not None and cpu.load_avg is not None:
+            load = " · load " + " ".join(f"{v:.1f}" for v in cpu.load_avg)
+        self.border_title = f"CPU {TIMES}{count}{load}" if count else "CPU"
+        self.changed()
+
+    def build(self, width: int) -> list[Text]:
+        lines: list[Text] = []
+        workers = self._workers_line()
+        if workers is not None:
+            lines.append(workers)
+        if self.cpu is None or not self.cpu.cores:
+            lines.append(Text("no CPU sample yet", self.style("panel--dim")))
+            return lines
+        lines.extend(self._grid(self.cpu.cores, width))
+        lines.append(self._summary(self.cpu.cores))
+        return lines
+
+    def _grid(self, cores: tuple[CpuCore, ...], width: int) -> list[Text]:
+        shape = grid_shape(len(cores), width)
+        label_width = len(str(len(cores) - 1))
+        lines = []
+        for row in range(shape.rows):
+            line = Text()
+            for column in range(shape.columns):
+                position = column * shape.rows + row  # column-major, like htop
+                if position >= len(cores):
+                    break
+                core = cores[position]
+                if column:
+                    line.append(" ")
+                line.append(f"{core.index:>{label_width}} ", self.style("panel--dim"))
+                line.append_text(self.styled_bar(_fractions(core), shape.bar_width, CORE_PARTS))
+                if shape.show_pct:
+                    line.append(f"{fmt_pct(core.busy_pct, compact=True):>5}")
+            lines.append(line)
+        return lines
+
+    def _summary(self, cores: tuple[CpuCore, ...]) -> Text:
+        line = Text()
+        busy = _mean([c.busy_pct for c in cores])
+        iowait = _mean([c.iowait_pct for c in cores])
+        line.append(f"busy {fmt_pct(busy)} · iowait {fmt_pct(iowait, 1)}")
+        quota = self.cgroup.cpu_quota_cores if self.cgroup is not None else None
+        if quota is not None:
+            line.append(f" · quota {quota:g} cores")
+            throttled = self.cgroup.throttled_pct if self.cgroup is not None else None
+            if throttled is not None:
+                style = self.style("panel--warning") if throttled >= 10 else ""
+                line.append(f", throttled {fmt_pct(throttled)}", style)
+        line.append("   ")
+        for part, name in zip(CORE_PARTS, ("user", "system", "iowait", "steal"), strict=True):
+            line.append("■", self.style(part))
+            line.append(f" {name} ", self.style("panel--dim"))
+        return line
+
+    def _workers_line(self) -> Text | None:
+        processes = self.processes
+        if processes is None:
+            return None
+        workers = [p for p in processes.processes if p.role == "worker"]
+        main = next((p for p in processes.processes if p.role == "main"), None)
+        line = Text()
+        if workers:
+            saturated = processes.saturated_workers
+            style = self.style("panel--warning") if saturated == len(workers) else ""
+            line.append(f"DataLoader {len(workers)} workers", self.style("panel--label"))
+            line.append(f" · {saturated} ≥{SATURATED_PCT:.0f} %:", style)
+            for worker in sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]:
+                line.append(f" {fmt_pct(worker.cpu_pct, compact=True)}", style)
+            if len(workers) > 16:
+                line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
+        else:
+            line.append("no DataLoader workers (num_workers=0?)", self.style("panel--dim"))
+        if main is not None:
+            line.append(" · main ")
+            line.append(fmt_pct(main.cpu_pct, compact=True))
+        return line

@@ -1,0 +1,195 @@
+"""The top line: which run, how it is connected, how fast it goes; and the run switcher."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from tui.format import fmt_count, fmt_duration, fmt_number
+from tui.state import RunSummary
+from tui.widgets.base import Panel
+
+STATE_GLYPHS = {
+    "live": "●",
+    "stale": "◐",
+    "exited": "■",
+    "incompatible": "✖",
+    "connecting": "◌",
+    "error": "✖",
+}
+
+
+def _fit(fields: Sequence[tuple[int, Text]], width: int, separator: str = "  ") -> Text:
+    """Join the fields that fit in ``width``, keeping the lowest priority numbers first
+    and the original order on screen."""
+    chosen: set[int] = set()
+    used = 0
+    for position, (_priority, text) in sorted(enumerate(fields), key=lambda item: item[1][0]):
+        extra = text.cell_len + (len(separator) if chosen else 0)
+        if used + extra > width and chosen:
+            continue
+        chosen.add(position)
+        used += extra
+    line = Text()
+    for position, (_priority, text) in enumerate(fields):
+        if position in chosen:
+            if line.cell_len:
+                line.append(separator)
+            line.append_text(text)
+    return line
+
+
+class HeaderBar(Panel):
+    """Run name, host, rank/world, uptime, step count, samples/s now and average,
+    connection state; a second line lists the runs when there are several."""
+
+    COMPONENT_CLASSES = {
+        "header--live",
+        "header--stale",
+        "header--exited",
+        "header--incompatible",
+        "header--connecting",
+        "header--error",
+        "header--name",
+        "header--rate",
+        "header--paused",
+        "header--selected",
+        "severity--ok",
+        "severity--info",
+        "severity--warning",
+        "severity--critical",
+    }
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.run: RunSummary | None = None
+        self.runs: tuple[RunSummary, ...] = ()
+        self.selected_index: int | None = None
+        self.host: str | None = None
+        self.paused = False
+
+    def show(
+        self,
+        run: RunSummary | None,
+        runs: tuple[RunSummary, ...],
+        selected_index: int | None,
+        host: str | None,
+    ) -> None:
+        self.run, self.runs, self.selected_index, self.host = run, runs, selected_index, host
+        self.changed()
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self.changed()
+
+    # ---------------------------------------------------------------- rendering
+
+    def build(self, width: int) -> list[Text]:
+        paused = Text(" ⏸ PAUSED ", self.style("header--paused")) if self.paused else Text()
+        room = width - paused.cell_len - (1 if self.paused else 0)
+        line = self._run_line(room)
+        if self.paused:
+            line.append(" " * max(1, width - line.cell_len - paused.cell_len))
+            line.append_text(paused)
+        lines = [line]
+        if len(self.runs) > 1:
+            lines.append(self._switcher(width))
+        return lines
+
+    def _state(self, run: RunSummary) -> Text:
+        state = run.connection.state
+        glyph = STATE_GLYPHS.get(state, "○")
+        text = run.connection.text
+        if state == "exited" and run.connection.age_s is not None:
+            text += f" ({fmt_duration(run.connection.age_s)} ago)"
+        return Text(f"{glyph} {text}", self.style(f"header--{state}"))
+
+    def _run_line(self, width: int) -> Text:
+        run = self.run
+        if run is None:
+            fields = [
+                (0, Text("○ no training run", self.style("panel--dim"))),
+                (1, Text(f"host {self.host}" if self.host else "waiting for samples")),
+                (3, Text("? help", self.style("panel--dim"))),
+            ]
+            return _fit(fields, width)
+        if run.is_placeholder:
+            fields = [(0, self._state(run)), (1, Text(run.name, self.style("header--name")))]
+            if run.endpoint and run.name != run.endpoint:
+                fields.append((2, Text(run.endpoint, self.style("panel--dim"))))
+            return _fit(fields, width)
+        name = Text(run.name, self.style("header--name"))
+        if run.rank is not None:
+            world = f"/{run.world_size}" if run.world_size is not None else ""
+            name.append(f" rank {run.rank}{world}")
+        rate = Text()
+        if run.rate_now is not None:
+            rate.append(fmt_number(run.rate_now), self.style("header--rate"))
+            rate.append(f" {run.unit}")
+        fields = [
+            (0, self._state(run)),
+            (1, name),
+            (2, rate),
+            (4, Text(f"avg {fmt_number(run.rate_avg)}") if run.rate_avg is not None else Text()),
+            (3, Text(f"step {fmt_count(run.step_count)}")),
+            (5, Text(f"@ {run.host}") if run.host else Text()),
+            (6, Text(f"up {fmt_duration(run.uptime_s)}") if run.uptime_s is not None else Text()),
+        ]
+        return _fit([(p, t) for p, t in fields if t.cell_len], width)
+
+    def _labels(self) -> list[str]:
+        names = {run.name for run in self.runs if not run.is_placeholder}
+        labels = []
+        for run in self.runs:
+            if len(names) == 1 and run.rank is not None and not run.is_placeholder:
+                labels.append(f"r{run.rank}")
+            else:
+                labels.append(run.label)
+        return labels
+
+    def _dot(self, run: RunSummary) -> Text:
+        state = run.connection.state
+        if state == "live" and run.verdict is not None:
+            return Text("●", self.style(f"severity--{run.verdict.severity}"))
+        return Text(STATE_GLYPHS.get(state, "○"), self.style(f"header--{state}"))
+
+    def _switcher(self, width: int) -> Text:
+        items = []
+        for number, (run, label) in enumerate(zip(self.runs, self._labels(), strict=True), 1):
+            key = str(number) if number <= 9 else "·"
+            item = Text()
+            item.append_text(self._dot(run))
+            item.append(f" {key} {label}")
+            if number - 1 == self.selected_index:
+                item.stylize(self.style("header--selected"))
+            items.append(item)
+        selected = self.selected_index or 0
+        prefix = Text("runs ", self.style("panel--dim"))
+        # Show a window of runs around the selected one that fits the width.
+        first, last = selected, selected + 1
+        used = prefix.cell_len + items[selected].cell_len
+        while True:
+            grew = False
+            for candidate in (last, first - 1):
+                if 0 <= candidate < len(items):
+                    need = items[candidate].cell_len + 2
+                    if used + need + 8 <= width:
+                        used += need
+                        if candidate == last:
+                            last += 1
+                        else:
+                            first -= 1
+                        grew = True
+            if not grew:
+                break
+        line = prefix
+        if first > 0:
+            line.append(f"+{first} ", self.style("panel--dim"))
+        for item in items[first:last]:
+            line.append_text(item)
+            line.append("  ")
+        if last < len(items):
+            line.append(f"+{len(items) - last}", self.style("panel--dim"))
+        line.append("  tab ⇄", self.style("panel--dim"))
+        return line

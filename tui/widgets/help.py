@@ -1,0 +1,64 @@
+"""The help screen: what each panel shows and what each verdict means."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+from tui.state import INSTRUMENT_HINT
+
+HELP_TEXT = f"""\
+**gputop**: a `top` for training runs. Is the accelerator busy, and if not, why?
+
+## Panels
+
+- **Header**: run name, rank/world, host, uptime, step count, samples/s now (last 5 s)
+  and on average, and the connection: `● live`, `◐ stale` (no message for more than
+  3 s), `■ exited` (with the reason), `✖ incompatible` (protocol versions differ),
+  `◌ connecting` (nothing received yet). With several runs or ranks a second line
+  lists them: `tab`/`shift+tab` or `1`-`9` switch.
+- **Banner**: the bottleneck verdict. Its colour is its severity (green fine, blue
+  information, yellow worth fixing, red stuck). Lines: `•` evidence, `→` advice,
+  `⇡` headroom (what the run would gain without the bottleneck).
+- **Throughput**: samples/s per half second on a scale from zero, newest on the right;
+  a red floor is a stall in progress. `wait` is the share of each step spent waiting for
+  the next batch; the bar splits the last 5 s into data wait and compute.
+- **Accelerators**: per GPU/HPU utilisation and memory bars, temperature, power/limit,
+  SM clock, PCIe receive/transmit. `n/a` means the driver did not report it.
+- **CPU**: one stacked bar per core: user, system, **iowait**, steal. The line above
+  shows the DataLoader workers' CPU; workers at ≥ 90 % of a core cannot go faster.
+- **Memory**: RAM used/cache/available, swap and its in/out rate, pressure (PSI) and
+  container limits.
+- **Disk**: read/write and busy % per device; `◆` marks the device holding the data.
+- **Network**: receive/transmit per interface.
+
+## Verdicts
+
+- **input-bound**: steps wait for data; the cause says why (too few workers, workers
+  CPU-bound, disk, network file system, swap, CPU quota...). Fix the input pipeline.
+- **compute-bound**: the accelerator is the limit: the healthy state.
+- **stalled**: no step has finished for a long time (hang, deadlock, slow I/O).
+- **warming up**: too few steps to tell yet.
+
+## Instrumenting a script
+
+    {INSTRUMENT_HINT}
+
+## Keys
+
+`q` quit · `p` pause the display (data keeps arriving) · `tab`/`shift+tab`, `1`-`9`
+switch run · `s` save an SVG screenshot · `?` or `escape` close this help
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,question_mark,q", "dismiss", "Close help"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body"):
+            yield Markdown(HELP_TEXT)

@@ -1,0 +1,145 @@
+"""Samples/s over time, the data-wait share under it, and the step split now.
+
+One column per half-second point, newest on the right, on a scale from zero (a graph
+scaled from its minimum makes noise look like a collapse). A stall in progress shows as
+a red floor; an unknown rate stays blank.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from tui.format import (
+    VERTICAL_EIGHTHS,
+    clamp01,
+    column_chars,
+    fmt_duration,
+    fmt_number,
+    fmt_share,
+    nice_ceiling,
+)
+from tui.state import BUCKET_S, RunSummary, ThroughputPoint
+from tui.widgets.base import Panel
+
+MIN_GUTTER = 6  # fits "wait ┤"
+
+
+class ThroughputGraph(Panel):
+    COMPONENT_CLASSES = {
+        "graph--bar",
+        "graph--stall",
+        "graph--axis",
+        "graph--wait",
+        "graph--compute",
+    }
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.run: RunSummary | None = None
+        self.points: tuple[ThroughputPoint, ...] = ()
+        self.border_title = "Throughput"
+
+    def show(self, run: RunSummary | None, points: tuple[ThroughputPoint, ...]) -> None:
+        self.run, self.points = run, points
+        unit = run.unit if run is not None else "samples/s"
+        self.border_title = f"Throughput · {unit}"
+        self.changed()
+
+    def build(self, width: int) -> list[Text]:
+        height = max(2, self.content_size.height or 4)
+        run = self.run
+        if run is None or run.is_placeholder or not self.points:
+            return self._empty(width, height)
+        wait_row = height >= 7
+        chart_rows = height - 1 - (1 if wait_row else 0)
+        unit = run.unit
+        rates = [p.rate(unit) for p in self.points]
+        top = nice_ceiling(max([r for r in rates if r is not None] + [run.rate_avg or 0.0, 0.0]))
+        top_label = fmt_number(top)
+        gutter = max(MIN_GUTTER, len(top_label) + 2)
+        columns = max(1, width - gutter)
+        shown = self.points[-columns:]
+        pad = columns - len(shown)
+        lines = self._chart(shown, pad, top, top_label, chart_rows, gutter, unit)
+        if wait_row:
+            lines.append(self._wait_row(shown, pad, gutter))
+        lines.append(self._split(width, len(shown)))
+        return lines
+
+    def _empty(self, width: int, height: int) -> list[Text]:
+        message = "no steps yet"
+        if self.run is None or self.run.is_placeholder:
+            message = "no training run: samples/s appear here once a probe publishes steps"
+        lines = [Text() for _ in range(max(0, height - 1))]
+        lines.insert(max(0, (height - 1) // 2), Text(f"  {message}", self.style("panel--dim")))
+        return lines[:height]
+
+    def _chart(
+        self,
+        shown: tuple[ThroughputPoint, ...],
+        pad: int,
+        top: float,
+        top_label: str,
+        rows: int,
+        gutter: int,
+        unit: str,
+    ) -> list[Text]:
+        bar_style = self.style("graph--bar")
+        stall_style = self.style("graph--stall")
+        axis_style = self.style("graph--axis")
+        columns = [column_chars(p.rate(unit), top, rows) for p in shown]
+        lines = []
+        for row in reversed(range(rows)):
+            if row == rows - 1:
+                label = f"{top_label} ┤"
+            elif row == 0:
+                label = "0 ┤"
+            else:
+                label = "│"
+            line = Text(label.rjust(gutter), axis_style)
+            line.append(" " * pad)
+            for point, chars in zip(shown, columns, strict=True):
+                if point.pending and row == 0:
+                    line.append("▁", stall_style)
+                else:
+                    line.append(chars[row], bar_style)
+            lines.append(line)
+        return lines
+
+    def _wait_row(self, shown: tuple[ThroughputPoint, ...], pad: int, gutter: int) -> Text:
+        line = Text("wait ┤".rjust(gutter), self.style("graph--axis"))
+        line.append(" " * pad)
+        wait_style = self.style("graph--wait")
+        for point in shown:
+            if point.wait_share is None:
+                line.append(" ")
+            else:
+                level = round(clamp01(point.wait_share) * 8)
+                line.append(VERTICAL_EIGHTHS[level] if level else "▁", wait_style)
+        return line
+
+    def _split(self, width: int, shown: int) -> Text:
+        run = self.run
+        assert run is not None
+        span = Text(f"last {fmt_duration(shown * BUCKET_S)}", self.style("panel--dim"))
+        wait = run.wait_share_now
+        line = Text()
+        if wait is None:
+            line.append("data wait n/a", self.style("panel--dim"))
+            line.append(" (steps marked with probe.step)", self.style("panel--dim"))
+        else:
+            bar_width = max(6, min(32, width // 4))
+            line.append("wait ", self.style("graph--wait"))
+            line.append(fmt_share(wait), self.style("graph--wait"))
+            line.append(" ")
+            line.append_text(
+                self.styled_bar([wait, 1.0 - wait], bar_width, ["graph--wait", "graph--compute"])
+            )
+            line.append(" ")
+            line.append(f"compute {fmt_share(1.0 - wait)}", self.style("graph--compute"))
+        if run.device_busy_now is not None:
+            line.append(f"   device busy {fmt_share(run.device_busy_now)}")
+        if line.cell_len + span.cell_len + 3 <= width:
+            line.append(" " * (width - line.cell_len - span.cell_len))
+            line.append_text(span)
+        return line
