@@ -25,8 +25,8 @@ test: $(STAMP)  ## run the whole test suite
 	$(BIN)/pytest -q
 
 lint: $(STAMP)  ## ruff and mypy
-	$(BIN)/ruff check probe tui tests bench
-	$(BIN)/ruff format --check probe tui tests bench
+	$(BIN)/ruff check probe tui tests bench tools
+	$(BIN)/ruff format --check probe tui tests bench tools
 	$(BIN)/mypy
 
 bench: $(STAMP)  ## print the probe, sampler and viewer cost figures

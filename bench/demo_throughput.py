@@ -57,7 +57,8 @@ def main() -> None:
     print(
         f"demo throughput with probe: {100 * statistics.median(ratios):.2f} % of without "
         f"(median of {PAIRS} interleaved pairs, {STEPS} steps of ~{step_ms:.1f} ms; "
-        f"with {statistics.median(probe_rates):.0f}, without {statistics.median(bare_rates):.0f} samples/s)"
+        f"with {statistics.median(probe_rates):.0f}, "
+        f"without {statistics.median(bare_rates):.0f} samples/s)"
     )
 
 

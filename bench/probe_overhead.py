@@ -50,7 +50,8 @@ def main() -> None:
     sub.close()
     print(
         f"probe cost per step: median {statistics.median(costs):.2f} us "
-        f"(min {min(costs):.2f}, max {max(costs):.2f}; {REPEATS} x {STEPS} steps, subscriber attached)"
+        f"(min {min(costs):.2f}, max {max(costs):.2f}; "
+        f"{REPEATS} x {STEPS} steps, subscriber attached)"
     )
 
 

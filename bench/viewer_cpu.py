@@ -50,8 +50,9 @@ while True:
     if now - last_sys >= 1:
         last_sys = now
         cores = tuple(CpuCore(c, random.uniform(5, 90), 3.0, 1.0, 0.0, 5.0) for c in range(64))
-        gpus = tuple(GpuSample(g, "NVIDIA H100 80GB HBM3", f"GPU-{g}", util_pct=random.uniform(60, 99),
-                     mem_used_bytes=60 * gib, mem_total_bytes=80 * gib, power_w=500.0, power_limit_w=700.0,
+        gpus = tuple(GpuSample(g, "NVIDIA H100 80GB HBM3", f"GPU-{g}",
+                     util_pct=random.uniform(60, 99), mem_used_bytes=60 * gib,
+                     mem_total_bytes=80 * gib, power_w=500.0, power_limit_w=700.0,
                      temperature_c=61.0, sm_clock_mhz=1980.0, pcie_rx_bps=3e9, pcie_tx_bps=1e8)
                      for g in range(8))
         hpus = tuple(HpuSample(h, "HL-225", f"01P0-{h}", util_pct=50.0, mem_used_bytes=40 * gib,

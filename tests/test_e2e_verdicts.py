@@ -58,7 +58,9 @@ def verdict_of(snap: dict[str, Any]) -> dict[str, Any]:
         ("disk-bound", "input-bound", {"disk"}),
     ],
 )
-def test_scenario_gives_the_right_verdict(scenario: str, kind: str, causes: set[str | None]) -> None:
+def test_scenario_gives_the_right_verdict(
+    scenario: str, kind: str, causes: set[str | None]
+) -> None:
     child, endpoint, log = start_demo(scenario)
     try:
         wait_for_steps(endpoint, 3, timeout=180)
@@ -73,7 +75,7 @@ def test_scenario_gives_the_right_verdict(scenario: str, kind: str, causes: set[
 
 
 def test_a_hung_step_is_reported_as_stalled_with_its_length() -> None:
-    child, endpoint, log = start_demo("stall", extra=["--stall-after", "6"])
+    child, endpoint, _ = start_demo("stall", extra=["--stall-after", "6"])
     try:
         wait_for_steps(endpoint, 3, timeout=180)
         time.sleep(8)  # past the hang's start

@@ -53,9 +53,9 @@ async def test_app_attached_to_a_real_probe_shows_steps_advancing() -> None:
             while time.monotonic() < deadline and len(counts) < 2:
                 await pilot.pause(1.0)
                 run = app.state.selected
-                if run is not None and run.step_count > 0 and run.rate_now is not None:
-                    if not counts or run.step_count > counts[-1] + 10:
-                        counts.append(run.step_count)
+                moving = run is not None and run.step_count > 0 and run.rate_now is not None
+                if moving and (not counts or run.step_count > counts[-1] + 10):
+                    counts.append(run.step_count)
             assert len(counts) == 2, "the step counter did not advance"
             run = app.state.selected
             assert run is not None

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def augment(arr: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
     return (t - 0.5) / 0.25
 
 
-class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
+class JpegFolder(Dataset[Any]):
     """Decode with Pillow, resize, crop, flip: the classic CPU-heavy input pipeline."""
 
     def __init__(self, root: Path, paths: list[Path], resize: int) -> None:
@@ -93,12 +94,12 @@ class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         with Image.open(self.paths[i]) as img:
-            img = img.convert("RGB").resize((self.resize, self.resize), Image.BILINEAR)
-            arr = np.asarray(img)
+            rgb = img.convert("RGB").resize((self.resize, self.resize), Image.Resampling.BILINEAR)
+            arr = np.asarray(rgb)
         return augment(arr, self.rng), i % 10
 
 
-class RawFolder(Dataset[tuple[torch.Tensor, int]]):
+class RawFolder(Dataset[Any]):
     """Read raw files with the page cache dropped first, so every read hits the disk."""
 
     def __init__(self, root: Path, paths: list[Path], size: int) -> None:
@@ -134,7 +135,7 @@ def cnn(width: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader, nn.Module]:
+def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader[Any], nn.Module]:
     if scenario == "input-bound":
         paths = make_jpegs(data_root / "jpeg512", 256, 512)
         loader = DataLoader(
@@ -149,13 +150,17 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader, nn.Mo
         ds = JpegFolder(data_root / "jpeg128", paths, 96)
         xs = torch.stack([ds[i][0] for i in range(len(ds))])
         ys = torch.tensor([i % 10 for i in range(len(ds))])
-        loader = DataLoader(TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0)
+        loader = DataLoader[Any](
+            TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0
+        )
         return loader, cnn(32, 4)
     if scenario == "bench":
         # cached tensors and a small model: a ~10 ms CPU step, to measure the probe's cost
         xs = torch.randn(512, 3, CROP, CROP)
         ys = torch.randint(0, 10, (512,))
-        loader = DataLoader(TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0)
+        loader = DataLoader[Any](
+            TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0
+        )
         return loader, cnn(8, 1)
     if scenario == "disk-bound":
         # ~56 MB read from the disk per step of 32, and little else to do
