@@ -16,22 +16,16 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-PENDING_LIMIT = 256  # events kept waiting for completion before we give up on them
-
 
 class CudaTimer:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
-        self._pool: list[Any] = []
 
     def record(self) -> Any:
-        event = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
+        """Record a new event on the current stream (asynchronous, a few microseconds)."""
+        event = self._torch.cuda.Event(enable_timing=True)
         event.record()
         return event
-
-    def release(self, *events: Any) -> None:
-        if len(self._pool) < PENDING_LIMIT:
-            self._pool.extend(e for e in events if e is not None)
 
     @staticmethod
     def ready(*events: Any) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable
 
 import zmq
 
@@ -105,14 +104,3 @@ class Subscriber:
             self._sock.close(linger=0)
         with contextlib.suppress(Exception):
             self._ctx.term()
-
-
-def connect_all(sub: Subscriber, endpoints: Iterable[str]) -> list[str]:
-    """Connect to each endpoint; return the error texts of those that failed."""
-    errors = []
-    for endpoint in endpoints:
-        try:
-            sub.connect(endpoint)
-        except TransportError as exc:
-            errors.append(str(exc))
-    return errors

@@ -177,4 +177,4 @@ def _local_hello(source_id: str, host: str) -> Hello:
     )
 
 
-__all__ = ["TransportError", "ZmqSource"]
+__all__ = ["ZmqSource"]
