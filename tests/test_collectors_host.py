@@ -324,6 +324,21 @@ def test_process_collector_finds_grandchildren() -> None:
             parent.stdout.close()
 
 
+def test_process_collector_leaves_out_our_own_tool_children() -> None:
+    # The hl-smi loop is a child of the training process but not a DataLoader worker.
+    tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        tree = ProcessCollector(os.getpid(), exclude=lambda: {tool.pid}).sample()
+        assert tree is not None
+        pids = {p.pid for p in tree.processes}
+        assert worker.pid in pids and tool.pid not in pids
+    finally:
+        for proc in (tool, worker):
+            proc.kill()
+            proc.wait()
+
+
 def test_process_collector_main_vanished() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     pc = ProcessCollector(proc.pid)

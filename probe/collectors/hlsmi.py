@@ -359,6 +359,11 @@ class HlSmiCollector:
         )
         self._thread.start()
 
+    def child_pids(self) -> set[int]:
+        """PIDs of the hl-smi children we run (not training processes)."""
+        proc = self._proc
+        return {proc.pid} if proc is not None and proc.poll() is None else set()
+
     def latest(self) -> tuple[tuple[HpuSample, ...], SourceStatus]:
         """The last complete sample and the source's health. Never blocks, never raises."""
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Collection
 
 import psutil
 
@@ -58,8 +59,16 @@ class ProcessCollector:
     this collector last saw that pid); ``None`` the first time a pid is seen.
     """
 
-    def __init__(self, main_pid: int, *, proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        main_pid: int,
+        *,
+        proc_root: str = "/proc",
+        exclude: Callable[[], Collection[int]] | None = None,
+    ) -> None:
         self._main_pid = main_pid
+        # Children that are gputop's own tools (the hl-smi loop), not training workers.
+        self._exclude = exclude
         self._proc_root = proc_root
         self._use_children_files = _children_files_supported(proc_root)
         self._main: psutil.Process | None
@@ -108,6 +117,9 @@ class ProcessCollector:
             workers = self._descendants(main)
         except psutil.Error:
             return None
+        if self._exclude is not None:
+            ours = set(self._exclude())
+            workers = [w for w in workers if w not in ours]
         now = time.monotonic()
         samples: list[ProcessSample] = []
         for pid, role in [(self._main_pid, "main"), *((w, "worker") for w in workers)]:

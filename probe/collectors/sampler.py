@@ -36,7 +36,6 @@ class NodeSampler:
         self._host = host
         self._main_pid = main_pid
         self._host_collector = HostCollector(data_path=data_path) if host else None
-        self._proc_collector = ProcessCollector(main_pid) if main_pid is not None else None
         self._training_pids: set[int] = {main_pid} if main_pid is not None else set()
         self._nvml: Any = None
         self._hlsmi: Any = None
@@ -53,10 +52,16 @@ class NodeSampler:
                 from probe.collectors.hlsmi import HlSmiCollector
 
                 self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
+        self._proc_collector = (
+            ProcessCollector(main_pid, exclude=self._tool_pids) if main_pid is not None else None
+        )
         self._out: deque[SystemSample] = deque(maxlen=4)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last: float | None = None
+
+    def _tool_pids(self) -> set[int]:
+        return self._hlsmi.child_pids() if self._hlsmi is not None else set()
 
     def set_data_path(self, path: str | None) -> None:
         if self._host_collector is not None:
