@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 STEPS = 400
-PAIRS = 5
+PAIRS = 7
 
 
 def run(with_probe: bool, result: Path) -> float:
@@ -56,6 +56,7 @@ def main() -> None:
     step_ms = 16 / statistics.median(bare_rates) * 1000
     print(
         f"demo throughput with probe: {100 * statistics.median(ratios):.2f} % of without "
+        f"(pairs ranged {100 * min(ratios):.1f}-{100 * max(ratios):.1f} %) "
         f"(median of {PAIRS} interleaved pairs, {STEPS} steps of ~{step_ms:.1f} ms; "
         f"with {statistics.median(probe_rates):.0f}, "
         f"without {statistics.median(bare_rates):.0f} samples/s)"
