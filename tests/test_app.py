@@ -6,6 +6,7 @@ so they check what a user would read, not only that nothing crashed.
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterable
 from dataclasses import replace
@@ -25,15 +26,22 @@ from fakes_tui import (
     incompatible,
     live_run,
     received,
+    step_records,
+    steps_events,
     system_sample,
 )
+from rich.console import Console
+from rich.segment import Segment
+from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Markdown
 
+import tui.state
 from probe.messages import System
 from probe.samples import GpuSample, SourceStatus
+from tui.analyzer import Verdict
 from tui.app import GputopApp
-from tui.events import BadInput, SourceEvent
+from tui.events import BadInput, Received, SourceEvent
 from tui.format import TIMES
 from tui.state import INSTRUMENT_HINT
 from tui.widgets.accelerators import AcceleratorsPanel
@@ -374,3 +382,107 @@ async def test_wide_terminal_puts_panels_side_by_side() -> None:
         assert len(text(app.query_one(AcceleratorsPanel)).splitlines()) == 9
         network = app.query_one(NetworkPanel).region
         assert network.bottom <= 49
+
+
+# ---------------------------------------------------------------- cost of a refresh
+
+
+def screen_cells(app: GputopApp) -> list[list[tuple[str, str]]]:
+    """What the terminal shows: (character, style) per cell."""
+    console = Console(
+        width=app.size.width,
+        height=app.size.height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
+    console.print(app.screen._compositor.render_update(full=True))
+    rows = []
+    for line in Segment.split_lines(console._record_buffer):
+        rows.append([(ch, str(s.style)) for s in line if not s.control for ch in s.text])
+    return rows
+
+
+FIXED_VERDICT = Verdict("input-bound", "warning", 0.85, "Input-bound", cause="few-workers")
+
+
+@pytest.mark.parametrize("size", [NARROW, (120, 40)])
+async def test_updates_draw_what_a_fresh_screen_draws(
+    size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Panels repaint only the lines that changed: after many updates the screen must be
+    # what a fresh app shows for the same state.
+    monkeypatch.setattr(tui.state, "analyze", lambda window, previous=None: FIXED_VERDICT)
+    events = sorted(
+        live_run(NOW - 5) + live_run(NOW - 5, source_id=f"{HOST}:4243", rank=1),
+        key=lambda e: e.received if isinstance(e, Received) else 0.0,
+    )
+    app, source, clock = make_app(NOW - 30)
+    async with app.run_test(size=size) as pilot:
+        sent = 0
+        for step in range(60):  # 30 s of half-second refreshes; the last 5 s stalled
+            clock.now = NOW - 30 + 0.5 * (step + 1)
+            batch = [e for e in events[sent:] if e.received <= clock.now]
+            sent += len(batch)
+            if batch:
+                source.push(batch)
+                await pilot.pause()
+            app.refresh_view()
+            await pilot.pause()
+            if step == 20:
+                await pilot.press("tab")
+            if step == 40:
+                await pilot.press("tab")
+        seen = screen_cells(app)
+    fresh, fresh_source, _ = make_app(NOW)
+    async with fresh.run_test(size=size) as pilot:
+        await feed(pilot, fresh_source, events)
+        assert screen_cells(fresh) == seen
+
+
+def count_refreshes(panel: Panel, calls: list[str]) -> None:
+    refresh = panel.refresh
+
+    def counting(*regions: Region, **kwargs: bool) -> Panel:
+        calls.append(type(panel).__name__)
+        return refresh(*regions, **kwargs)
+
+    panel.refresh = counting  # type: ignore[method-assign]
+
+
+async def test_a_refresh_with_nothing_new_repaints_nothing() -> None:
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        panels = [app.header, app.banner, app.graph, app.accelerators, app.cpu]
+        panels += [app.memory, app.disk, app.network]
+        repaints: list[str] = []
+        for panel in panels:
+            count_refreshes(panel, repaints)
+        app.refresh_view()  # the clock is frozen and nothing arrived
+        await pilot.pause()
+        assert repaints == []
+
+
+async def test_routine_data_waits_for_the_refresh_a_new_run_does_not() -> None:
+    app, source, clock = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        assert app._timer is not None
+        app._timer.pause()  # refreshes are made by hand here
+        applied = app.events_applied
+        later = step_records(NOW, 1.0, first_index=1000)
+        source.push(steps_events(later))
+        await pilot.pause()
+        assert app.events_applied == applied  # steps wait in the inbox ...
+        clock.now = NOW + 1.0
+        app.refresh_view()
+        assert app.events_applied > applied  # ... for the next refresh
+        # A new run is shown at once, without waiting for the refresh.
+        source.push([received(hello(f"{HOST}:4243", rank=1, pid=4243), NOW + 1.0)])
+        await pilot.pause()
+        await pilot.pause()
+        assert "runs ● 1 r0" in text(app.header) and "2 r1" in text(app.header)

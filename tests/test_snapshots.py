@@ -40,7 +40,7 @@ INPUT_BOUND = Verdict(
 
 @pytest.fixture(autouse=True)
 def fixed_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
-    def analyze(window: Window) -> Verdict:
+    def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         return INPUT_BOUND
 
     monkeypatch.setattr(tui.state, "analyze", analyze)

@@ -26,7 +26,8 @@ from fakes_tui import (
 import tui.state as state_module
 from probe.messages import Hello, StepRecord, Steps, System
 from probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
-from tui.analyzer import Verdict, Window
+from tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
+from tui.analyzer import Verdict, Window, analyze
 from tui.events import BadInput, EndpointState
 from tui.state import INSTRUMENT_HINT, SAMPLES_UNIT, STEPS_UNIT, ViewerState
 
@@ -447,7 +448,7 @@ def test_training_processes_come_from_the_selected_run() -> None:
 def test_analyzer_gets_a_window_per_live_run(monkeypatch: pytest.MonkeyPatch) -> None:
     windows: list[Window] = []
 
-    def fake_analyze(window: Window) -> Verdict:
+    def fake_analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         windows.append(window)
         return Verdict("input-bound", "warning", 0.9, "Input-bound", cause="few-workers")
 
@@ -475,7 +476,7 @@ def test_a_rank_without_host_sampling_gets_host_samples_with_its_own_workers(
 ) -> None:
     windows: list[Window] = []
 
-    def record(window: Window) -> Verdict:
+    def record(window: Window, previous: Verdict | None = None) -> Verdict:
         windows.append(window)
         return Verdict("x", "ok", 1.0, "x")
 
@@ -496,7 +497,7 @@ def test_a_rank_without_host_sampling_gets_host_samples_with_its_own_workers(
 
 
 def test_an_analyzer_failure_is_shown_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(window: Window) -> Verdict:
+    def broken(window: Window, previous: Verdict | None = None) -> Verdict:
         raise ZeroDivisionError("oops")
 
     monkeypatch.setattr(state_module, "analyze", broken)
@@ -515,7 +516,7 @@ def test_a_run_first_seen_stale_is_judged_as_of_its_last_message(
 ) -> None:
     nows: list[float] = []
 
-    def record(window: Window) -> Verdict:
+    def record(window: Window, previous: Verdict | None = None) -> Verdict:
         nows.append(window.now)
         return Verdict("x", "ok", 1.0, "x")
 
@@ -523,7 +524,7 @@ def test_a_run_first_seen_stale_is_judged_as_of_its_last_message(
     state = ViewerState(HOST)
     records = steady(state)
     state.tick(records[-1].end_time + 30)
-    assert nows == [pytest.approx(records[-1].end_time + 0.01)]
+    assert nows == [pytest.approx(records[-1].end_time + 0.01, abs=1e-6)]
 
 
 def test_hello_only_updates_uptime_from_started() -> None:
@@ -535,3 +536,143 @@ def test_hello_only_updates_uptime_from_started() -> None:
     assert run.uptime_s == pytest.approx(65.0)
     assert run.rank is None
     assert run.label == "tiny"
+
+
+# ---------------------------------------------------------------- verdicts over time
+
+
+def _hanging(state: ViewerState, last: float, until: float, source_id: str = SOURCE_ID) -> None:
+    """A hung training loop: no step, but the probe's own threads go on publishing its
+    hello and a node sample every second."""
+    at = last + 1.0
+    while at <= until:
+        state.apply(received(hello(source_id, started=T0), at))
+        state.apply(received(System(source_id, system_sample(at)), at + 0.02))
+        at += 1.0
+
+
+def test_a_hang_longer_than_the_analysis_window_shows_as_stalled() -> None:
+    state = ViewerState(HOST)
+    records = steady(state, duration_s=20.0, samples_per_s=125.0)  # 0.2 s steps
+    assert records[-1].period_s == pytest.approx(0.2)
+    last = records[-1].end_time
+    _hanging(state, last, last + 90.0)
+    state.tick(last + 90.0)  # no step for 90 s: none in the last 30 s
+    run = state.selected
+    assert run is not None and run.connection.state == "live"
+    assert run.verdict is not None
+    assert run.verdict.kind == "stalled", run.verdict.headline
+    assert "no step for 90 s; typical step 200 ms" in run.verdict.headline
+
+
+def test_the_analyzer_always_gets_the_last_steps_however_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    windows: list[Window] = []
+
+    def record(window: Window, previous: Verdict | None = None) -> Verdict:
+        windows.append(window)
+        return Verdict("x", "ok", 1.0, "x")
+
+    monkeypatch.setattr(state_module, "analyze", record)
+    state = ViewerState(HOST)
+    records = steady(state, duration_s=20.0)
+    last = records[-1].end_time
+    _hanging(state, last, last + 600.0)
+    state.tick(last + 600.0)
+    (window,) = windows
+    assert list(window.steps) == list(records[-state_module.MIN_WINDOW_STEPS :])
+
+
+def test_a_viewer_attached_during_a_hang_sees_it_in_the_hello() -> None:
+    state = ViewerState(HOST)
+    last = T0 + 100.0
+    progress = replace(hello(started=T0), step_count=500, last_step_end=last, typical_period_s=0.2)
+    for at in (last + 86.0, last + 88.0):
+        state.apply(received(progress, at))
+        state.apply(received(System(SOURCE_ID, system_sample(at)), at + 0.02))
+    state.tick(last + 90.0)
+    run = state.selected
+    assert run is not None and run.verdict is not None
+    assert run.verdict.kind == "stalled", run.verdict.headline
+
+
+def _feed_and_watch(
+    state: ViewerState,
+    blocks: list[tuple[float, float]],
+    *,
+    skew: float = 0.0,
+    source_id: str = SOURCE_ID,
+) -> list[tuple[float, Verdict | None]]:
+    """Feed steps in half-second slices, one (duration, wait share) block after the
+    other, a node sample a second, ticking at each slice. Times in the probe's clock are
+    ``skew`` ahead of the viewer's. Returns (viewer time, shown verdict) per tick."""
+    state.apply(received(hello(source_id, started=T0 + skew), T0))
+    shown: list[tuple[float, Verdict | None]] = []
+    start, index = T0, 0
+    for duration, share in blocks:
+        records = step_records(start + skew, duration, wait_share=share, first_index=index)
+        index = records[-1].index + 1
+        at = start
+        while at < start + duration - 1e-9:
+            at += 0.5
+            batch = [r for r in records if at - 0.5 < r.end_time - skew <= at]
+            if batch:
+                state.apply(received(Steps(source_id, tuple(batch), 0, 0), at + 0.01))
+            if abs(at - round(at)) < 1e-9:
+                sample = system_sample(at + skew)
+                state.apply(received(System(source_id, sample), at + 0.02))
+            state.tick(at + 0.02)
+            run = state.selected
+            shown.append((at, run.verdict if run is not None else None))
+        start += duration
+    return shown
+
+
+def test_a_share_oscillating_around_a_threshold_keeps_its_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The data wait swings between 24 % and 17 %: around the 20 % entry threshold of a
+    # warning, above its 15 % exit threshold. Once shown, the warning must stay.
+    assert INPUT_WARN_EXIT < 0.17 < INPUT_WARN_ENTER < 0.24
+    raw: list[Verdict] = []
+    real_analyze = state_module.analyze
+
+    def spy(window: Window, previous: Verdict | None = None) -> Verdict:
+        raw.append(analyze(window))  # what the analyzer says without hysteresis
+        return real_analyze(window, previous=previous)
+
+    monkeypatch.setattr(state_module, "analyze", spy)
+    state = ViewerState(HOST)
+    shown = _feed_and_watch(state, [(10.0, 0.24), (10.0, 0.17)] * 3)
+    kinds = [(v.kind, v.severity) for _, v in shown if v is not None]
+    first = kinds.index(("input-bound", "warning"))
+    assert first < 20  # shown within the first block
+    assert set(kinds[first:]) == {("input-bound", "warning")}
+    # Without the previous verdict the 17 % blocks read as a milder verdict: the test
+    # does cross the threshold.
+    assert ("input-bound", "info") in {(v.kind, v.severity) for v in raw}
+
+
+@pytest.mark.parametrize("skew", [120.0, -120.0])
+def test_a_probe_with_a_skewed_clock_is_stalled_only_when_its_steps_stop(skew: float) -> None:
+    state = ViewerState(HOST)
+    shown = _feed_and_watch(state, [(20.0, 0.7)], skew=skew)
+    assert all(v is None or v.kind != "stalled" for _, v in shown)
+    run = state.selected
+    assert run is not None and run.verdict is not None
+    assert run.verdict.kind == "input-bound"
+    uptime = run.uptime_s
+    # The loop hangs; the probe goes on sending its hello and samples.
+    last = T0 + 20.0
+    for at in range(1, 41):
+        state.apply(received(hello(started=T0 + skew), last + at))
+        state.apply(received(System(SOURCE_ID, system_sample(last + at + skew)), last + at))
+        state.tick(last + at + 0.02)
+        run = state.selected
+        assert run is not None and run.verdict is not None
+        if at <= 5:  # short of the 10 s minimum of a stall
+            assert run.verdict.kind != "stalled"
+    assert run.verdict.kind == "stalled", run.verdict.headline
+    assert "no step for 40 s" in run.verdict.headline
+    assert uptime == pytest.approx(20.0, abs=0.6)  # it started 20 s ago, in its own clock

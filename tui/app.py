@@ -8,7 +8,9 @@ app reads, so tests and snapshots freeze it.
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -22,14 +24,14 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer
 
-from tui.events import Source, SourceEvent
+from probe.messages import Steps, System
+from tui.events import Received, Source, SourceEvent
 from tui.state import ViewerState
 from tui.widgets.accelerators import AcceleratorsPanel
 from tui.widgets.banner import Banner
 from tui.widgets.cpu import CpuPanel
 from tui.widgets.disk import DiskPanel
 from tui.widgets.header import HeaderBar
-from tui.widgets.help import HelpScreen
 from tui.widgets.memory import MemoryPanel
 from tui.widgets.network import NetworkPanel
 from tui.widgets.status import StatusLine
@@ -39,11 +41,13 @@ WIDE_COLUMNS = 120  # from this width the panels sit side by side
 
 
 class SourceEvents(Message):
-    """A batch of events from the source, posted from the source's thread."""
+    """Events are waiting in the app's inbox: apply them now (posted from the source's
+    thread only when they should not wait for the next refresh)."""
 
-    def __init__(self, events: list[SourceEvent]) -> None:
-        self.events = events
-        super().__init__()
+
+def _urgent(event: SourceEvent) -> bool:
+    """Worth a wake-up of the UI thread: anything but routine steps and samples."""
+    return not (isinstance(event, Received) and isinstance(event.message, Steps | System))
 
 
 class GputopApp(App[None]):
@@ -83,6 +87,11 @@ class GputopApp(App[None]):
         self.events_applied = 0
         self._timer: Timer | None = None
         self._source_started = False
+        # Events from the source's thread, applied on the UI thread.
+        self._inbox: list[SourceEvent] = []
+        self._inbox_lock = threading.Lock()
+        self._wake_posted = False
+        self._wake_for_any = True  # until a run shows: every batch is news
         # The panels, kept by reference: a timer may fire while the screen is torn down.
         self.header = HeaderBar(id="header")
         self.status = StatusLine(id="status")
@@ -115,6 +124,10 @@ class GputopApp(App[None]):
             self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
         self.source.start(self._emit)
         self._source_started = True
+        if not self.is_headless:
+            # What start-up built lives as long as the app: out of the collector's sight,
+            # each full collection has far fewer objects to go through.
+            self.call_after_refresh(gc.freeze)
 
     def on_unmount(self) -> None:
         self._stop_source()
@@ -127,19 +140,49 @@ class GputopApp(App[None]):
     # ---------------------------------------------------------------- data in
 
     def _emit(self, events: list[SourceEvent]) -> None:
-        """Called by the source, on any thread: hand the batch to the UI thread."""
-        self.post_message(SourceEvents(list(events)))
+        """Called by the source, on any thread: hand the batch to the UI thread.
+
+        Routine steps and samples wait in the inbox for the next refresh (the screen
+        changes only then: waking the UI thread for each batch costs CPU for nothing);
+        a new run, a hello, a problem, or anything before the first run wakes it."""
+        wake = self._wake_for_any or any(_urgent(event) for event in events)
+        with self._inbox_lock:
+            self._inbox.extend(events)
+            wake = wake and not self._wake_posted
+            if wake:
+                self._wake_posted = True
+        if wake:
+            self.post_message(SourceEvents())
+
+    def _take_inbox(self) -> list[SourceEvent]:
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+            self._wake_posted = False
+        return events
+
+    def _apply_inbox(self) -> bool:
+        """Apply what the source sent; True when a run appeared, changed or went."""
+        events = self._take_inbox()
+        if not events:
+            return False
+        roster = self.state.roster
+        self.state.apply_all(events)
+        self.events_applied += len(events)
+        return self.state.roster != roster
 
     @on(SourceEvents)
     def _apply_events(self, message: SourceEvents) -> None:
-        self.state.apply_all(message.events)
-        self.events_applied += len(message.events)
+        if self._apply_inbox():
+            self.refresh_view()  # show a new run at once, not at the next tick
 
     # ---------------------------------------------------------------- data out
 
     def refresh_view(self) -> None:
-        """Recompute time-dependent state and, unless paused, redraw every panel."""
+        """Apply what arrived, recompute time-dependent state and, unless paused, redraw
+        the panels (each only if what it shows changed)."""
+        self._apply_inbox()
         self.state.tick(self.clock())
+        self._wake_for_any = not self.state.has_probe or self.refresh_hz <= 0
         if not self.paused:
             self._show()
 
@@ -203,6 +246,8 @@ class GputopApp(App[None]):
             self.notify(f"No run {number}", severity="warning", timeout=2)
 
     def action_help(self) -> None:
+        from tui.widgets.help import HelpScreen  # Markdown: imported when first needed
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 

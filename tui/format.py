@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 NA = "n/a"
 TIMES = "\u00d7"  # the multiplication sign of "GPU x8" (not the letter)
@@ -205,12 +206,19 @@ def stacked_bar(fractions: Sequence[float | None], width: int) -> list[tuple[str
     """
     if width <= 0:
         return []
+    eighths = tuple(round(clamp01(fraction) * width * 8) for fraction in fractions)
+    return list(_stacked_runs(eighths, width))
+
+
+@lru_cache(maxsize=4096)
+def _stacked_runs(eighths: tuple[int, ...], width: int) -> tuple[tuple[str, int], ...]:
+    """:func:`stacked_bar` from each part's size in eighths of a cell (few distinct bars
+    recur on a screen: they are computed once)."""
     cells: list[int] = []
     total_eighths = 0
     bounds: list[tuple[int, int]] = []  # (end in eighths, part)
-    for part, fraction in enumerate(fractions):
-        share = clamp01(fraction)
-        total_eighths = min(width * 8, total_eighths + round(share * width * 8))
+    for part, size in enumerate(eighths):
+        total_eighths = min(width * 8, total_eighths + size)
         bounds.append((total_eighths, part))
     filled_eighths = total_eighths
     full_cells, rest = divmod(filled_eighths, 8)
@@ -236,7 +244,7 @@ def stacked_bar(fractions: Sequence[float | None], width: int) -> list[tuple[str
     empty = width - len(cells)
     if empty > 0:
         runs.append((" " * empty, -1))
-    return runs
+    return tuple(runs)
 
 
 VERTICAL_EIGHTHS = " ▁▂▃▄▅▆▇█"

@@ -16,23 +16,33 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
 from probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from probe.samples import SystemSample, TrainingProcesses
-from tui.analyzer import Verdict, VerdictTracker, Window, analyze
+from tui.analysis.thresholds import MAX_WINDOW_STEPS
 from tui.events import BadInput, EndpointState, Received, SourceEvent
 from tui.format import fmt_count, fmt_duration
+
+if TYPE_CHECKING:  # the analyzer is imported on first use: not needed for the first frame
+    from tui.analyzer import Verdict, VerdictTracker, Window
 
 BUCKET_S = 0.5  # one throughput point per half second of the run's clock
 STALE_AFTER_S = 3.0  # a live run publishes several messages a second
 RATE_WINDOW_S = 5.0  # "samples/s now" covers the last few seconds
 ANALYSIS_WINDOW_S = 30.0  # steps and samples handed to the analyzer
+MIN_WINDOW_STEPS = 30  # ... and always at least the last 30 steps, however old (a long hang)
+# ... and at most this many: the analyzer reads the last MAX_WINDOW_STEPS usable ones
+MAX_WINDOW_RECORDS = 2 * MAX_WINDOW_STEPS
+ANALYZE_EVERY_S = 0.9  # a run's verdict is recomputed about once a second (every 2nd tick)
 MAX_STEP_RECORDS = 5_000  # per run: bounds memory with many ranks (the analyzer needs ~300)
 STEP_KEEP_S = 2 * ANALYSIS_WINDOW_S  # older step records are dropped (totals are kept)
+CLOCK_SAMPLES = 50  # recent arrivals the probe's clock offset is estimated from
+CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not matter
 OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second
 MAX_ERRORS = 20
 AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe samples the host
@@ -245,8 +255,13 @@ class _Source:
         # Its own samples: the latest processes, and the analyzer's window when it is
         # the host sampler (the host's longer history is kept once, per host).
         self.systems: deque[SystemSample] = deque(maxlen=OWN_SAMPLES)
-        self.tracker = VerdictTracker()
+        self.tracker: VerdictTracker | None = None  # created with the first verdict
         self.verdict: Verdict | None = None
+        self.analyzed_at: float | None = None  # viewer time of the last analysis
+        # Viewer clock minus the probe's: arrival time minus the newest time the message
+        # carries is the offset plus a delay (network, flush), so the smallest recent one
+        # is the best estimate. The probe may run on another host with another clock.
+        self.clock_offsets: deque[float] = deque(maxlen=CLOCK_SAMPLES)
         self.pending: tuple[ThroughputPoint, ...] = ()
 
     @property
@@ -268,6 +283,20 @@ class _Source:
     @property
     def unit(self) -> str:
         return SAMPLES_UNIT if self.samples_known or not self.total_steps else STEPS_UNIT
+
+    @property
+    def clock_offset(self) -> float:
+        """Viewer clock minus the probe's clock: 0 until a message carried a time, and
+        while the difference is under CLOCK_SKEW_MIN_S (the same host, or close enough:
+        the estimate includes the delivery delay, which must not be taken for a skew)."""
+        if not self.clock_offsets:
+            return 0.0
+        offset = min(self.clock_offsets)
+        return offset if abs(offset) >= CLOCK_SKEW_MIN_S else 0.0
+
+    def probe_time(self, viewer_time: float) -> float:
+        """A viewer time in the probe's clock (the clock of its steps and samples)."""
+        return viewer_time - self.clock_offset
 
     def touch(self, received: float) -> None:
         if self.first_received is None:
@@ -299,14 +328,17 @@ class _Source:
         if self.throughput.last_end is not None:
             self.throughput.finish_until(self.throughput.last_end)
             oldest = self.throughput.last_end - STEP_KEEP_S
-            while self.steps and self.steps[0].end_time < oldest:
+            while len(self.steps) > MIN_WINDOW_STEPS and self.steps[0].end_time < oldest:
                 self.steps.popleft()
 
-    def recent_steps(self, since: float) -> list[StepRecord]:
-        """Steps that ended at or after ``since``, oldest first."""
+    def recent_steps(
+        self, since: float, at_least: int = 0, at_most: int = MAX_STEP_RECORDS
+    ) -> list[StepRecord]:
+        """Steps that ended at or after ``since``, and at least the last ``at_least``
+        steps however old (at most the last ``at_most``); oldest first."""
         recent: list[StepRecord] = []
         for record in reversed(self.steps):
-            if record.end_time < since:
+            if (record.end_time < since and len(recent) >= at_least) or len(recent) >= at_most:
                 break
             recent.append(record)
         recent.reverse()
@@ -329,6 +361,13 @@ def _rank_label(hello: Hello | None) -> str:
     return f"r{hello.rank}"
 
 
+def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
+    """:func:`tui.analyzer.analyze`, imported when the first run is analyzed."""
+    from tui.analyzer import analyze as analyze_window
+
+    return analyze_window(window, previous)
+
+
 class ViewerState:
     """The viewer's model of every run and host it has heard from."""
 
@@ -343,6 +382,7 @@ class ViewerState:
         self._selected_key: str | None = None
         self._summaries: tuple[RunSummary, ...] = ()
         self._now: float | None = None
+        self._roster = 0  # bumped when the list of runs or how one is named changes
 
     # ------------------------------------------------------------------ input
 
@@ -363,25 +403,36 @@ class ViewerState:
         source = self._sources.get(source_id)
         if source is None:
             source = self._sources[source_id] = _Source(source_id, self.history_s)
+            self._roster += 1
         return source
 
     def _apply_message(self, message: Message, received: float) -> None:
         source = self._source(message.source_id)
         source.touch(received)
         if not isinstance(message, Bye):
+            if source.incompatible is not None:
+                self._roster += 1
             source.incompatible = None
         if isinstance(message, Hello):
-            restarted = source.hello is not None and message.started != source.hello.started
+            previous = source.hello
+            restarted = previous is not None and message.started != previous.started
             if source.bye is not None and restarted:
                 source.bye = None  # the same id started again
+            if previous is None or restarted or _naming(previous) != _naming(message):
+                self._roster += 1
             source.hello = message
         elif isinstance(message, Steps):
             source.add_steps(message)
+            if message.records:
+                newest = max(record.end_time for record in message.records)
+                source.clock_offsets.append(received - newest)
         elif isinstance(message, System):
+            source.clock_offsets.append(received - message.sample.time)
             self._apply_system(source, message.sample, received)
         elif isinstance(message, Bye):
             source.bye = message
             source.bye_received = received
+            self._roster += 1
 
     def _apply_system(self, source: _Source, sample: SystemSample, received: float) -> None:
         source.systems.append(sample)
@@ -408,8 +459,10 @@ class ViewerState:
             key = event.source_hint or f"peer speaking protocol {event.theirs[0]}.{event.theirs[1]}"
             source = self._source(key)
             source.incompatible = event
+            self._roster += 1
 
     def _apply_endpoint(self, event: EndpointState) -> None:
+        self._roster += 1
         if event.state == "detached":
             self._endpoints.pop(event.endpoint, None)
             return
@@ -434,7 +487,10 @@ class ViewerState:
             connection = self._connection(source, now)
             source.pending = self._pending_points(source, connection, now)
             if connection.state == LIVE and (source.steps or source.hello is not None):
-                source.verdict = self._analyze(source, now)
+                last = source.analyzed_at
+                if source.verdict is None or last is None or not 0 <= now - last < ANALYZE_EVERY_S:
+                    source.verdict = self._analyze(source, now)
+                    source.analyzed_at = now
             elif source.verdict is None and source.steps and connection.state in (STALE, EXITED):
                 # Never seen live (attached late): judge it as of its last message, once.
                 source.verdict = self._analyze(source, source.last_received or now)
@@ -464,19 +520,31 @@ class ViewerState:
         if connection.state != LIVE or last_end is None:
             return ()
         typical = source.typical_period() or 0.0
-        if now - last_end < max(STALL_MIN_S, 2.0 * typical):
+        probe_now = source.probe_time(now)
+        if probe_now - last_end < max(STALL_MIN_S, 2.0 * typical):
             return ()
-        return source.throughput.pending_points(now)
+        return source.throughput.pending_points(probe_now)
 
     def _analyze(self, source: _Source, now: float) -> Verdict:
+        """The run's verdict as of ``now`` (viewer clock). The analyzer compares times
+        with the probe's steps and samples, so it is given ``now`` in the probe's clock;
+        the tracker, whose times the banner shows, stays in the viewer's."""
+        from tui.analyzer import Verdict, VerdictTracker, Window
+
+        if source.tracker is None:
+            source.tracker = VerdictTracker()
+        probe_now = source.probe_time(now)
+        since = probe_now - ANALYSIS_WINDOW_S
         window = Window(
-            now=now,
-            steps=tuple(source.recent_steps(now - ANALYSIS_WINDOW_S)),
-            systems=tuple(self._run_systems(source, now - ANALYSIS_WINDOW_S)),
-            hello=source.hello,
+            now=probe_now,
+            steps=tuple(source.recent_steps(since, MIN_WINDOW_STEPS, MAX_WINDOW_RECORDS)),
+            systems=tuple(self._run_systems(source, since)),
+            hello=source.hello,  # the newest: it carries the progress of a hung run
         )
         try:
-            verdict = analyze(window)
+            # The verdict shown is passed back: a condition it holds is left only below
+            # the analyzer's exit threshold (hysteresis), not at its entry threshold.
+            verdict = analyze(window, previous=source.tracker.shown)
             return source.tracker.update(verdict, now)
         except Exception as exc:  # a bug in the analyzer must not take the viewer down
             text = f"analyzer failed: {type(exc).__name__}: {exc}"
@@ -503,6 +571,7 @@ class ViewerState:
         name = hello.name if hello is not None else source.source_id
         rank = hello.rank if hello is not None else None
         recent = source.recent_steps((source.throughput.last_end or 0.0) - RATE_WINDOW_S)
+        wait_share, device_share = _shares(recent)
         return RunSummary(
             key=source.source_id,
             label=" ".join(part for part in (name, _rank_label(hello)) if part),
@@ -511,13 +580,13 @@ class ViewerState:
             pid=hello.pid if hello is not None else None,
             rank=rank,
             world_size=hello.world_size if hello is not None else None,
-            uptime_s=max(0.0, now - hello.started) if hello is not None else None,
+            uptime_s=max(0.0, source.probe_time(now) - hello.started) if hello else None,
             step_count=source.step_count,
             unit=source.unit,
             rate_now=self._rate_now(source),
             rate_avg=self._rate_avg(source),
-            wait_share_now=_share(recent, lambda r: r.wait_s),
-            device_busy_now=_share(recent, lambda r: r.device_s),
+            wait_share_now=wait_share,
+            device_busy_now=device_share,
             connection=connection,
             verdict=source.verdict,
             loader=hello.loader if hello is not None else None,
@@ -624,6 +693,12 @@ class ViewerState:
     # ------------------------------------------------------------------ reads
 
     @property
+    def roster(self) -> int:
+        """Changes whenever a run appears, goes, is named (its hello), exits or turns out
+        incompatible: what the screen should show at once, not at the next tick."""
+        return self._roster
+
+    @property
     def has_probe(self) -> bool:
         """True when any training process has spoken (placeholders do not count)."""
         return any(not run.is_placeholder for run in self._summaries)
@@ -721,19 +796,29 @@ def upgrade_advice(theirs: tuple[int, int] | None) -> str:
     )
 
 
-def _share(
-    records: Sequence[StepRecord], part: Callable[[StepRecord], float | None]
-) -> float | None:
-    """Share of the step time ``part`` takes, over the records that report it."""
-    total = 0.0
-    covered = 0.0
+def _shares(records: Sequence[StepRecord]) -> tuple[float | None, float | None]:
+    """Shares of the step time the data wait and the device take, each over the records
+    that report it."""
+    wait = wait_covered = device = device_covered = 0.0
     for record in records:
-        value = part(record)
-        if value is None or record.period_s <= 0:
+        period = record.period_s
+        if period <= 0:
             continue
-        total += min(value, record.period_s)
-        covered += record.period_s
-    return total / covered if covered > 0 else None
+        if record.wait_s is not None:
+            wait += min(record.wait_s, period)
+            wait_covered += period
+        if record.device_s is not None:
+            device += min(record.device_s, period)
+            device_covered += period
+    return (
+        wait / wait_covered if wait_covered > 0 else None,
+        device / device_covered if device_covered > 0 else None,
+    )
+
+
+def _naming(hello: Hello) -> tuple[object, ...]:
+    """What of a hello names the run on screen."""
+    return (hello.name, hello.host, hello.rank, hello.world_size, hello.role)
 
 
 def _summary_order(run: RunSummary) -> tuple[str, int, str]:

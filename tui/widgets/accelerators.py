@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
 from tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
-from tui.widgets.base import Panel
+from tui.widgets.base import Panel, Part, assemble
 
 MIN_CELL = 34  # columns a device needs when two share a row
 MISSING_SOURCES = {"nvml": "no NVIDIA GPU", "hl-smi": "no Gaudi"}
@@ -108,13 +109,17 @@ class AcceleratorsPanel(Panel):
 
     def show(self, system: SystemSample | None) -> None:
         if system is None:
+            if self.unchanged(None):
+                return
             self.devices, self.statuses = (), ()
         else:
+            if self.unchanged(system.gpus, system.hpus, system.statuses):
+                return
             self.devices = tuple(_gpu(g) for g in system.gpus) + tuple(_hpu(h) for h in system.hpus)
             self.statuses = tuple(
                 s for s in system.statuses if not s.ok and s.source in MISSING_SOURCES
             )
-        self.border_title = self._title()
+        self.set_border_title(self._title())
         self.changed()
 
     def _title(self) -> str:
@@ -129,6 +134,9 @@ class AcceleratorsPanel(Panel):
             name = f" {_short_name(names.pop())}" if len(names) == 1 else ""
             parts.append(f"{kind} {TIMES}{len(devices)}{name}")
         return " · ".join(parts) + " · util, memory"
+
+    def layout_key(self) -> bool:
+        return self.is_attached and self.screen.has_class("-narrow")
 
     def _same_names(self) -> bool:
         return len({(d.kind, d.name) for d in self.devices if d.lost is None}) <= 1
@@ -158,19 +166,17 @@ class AcceleratorsPanel(Panel):
         return lines
 
     def _row(self, device: Device, width: int, show_name: bool) -> Text:
-        index = Text(
-            f"{device.index:>{2 if len(self.devices) > 10 else 1}} ", self.style("panel--label")
-        )
+        label = self.style("panel--label")
+        index = f"{device.index:>{2 if len(self.devices) > 10 else 1}} "
         if device.lost is not None:
-            index.append(f"lost: {device.lost}", self.style("gpu--lost"))
-            return index
-        name = (
-            Text(f"{_short_name(device.name)} ", self.style("panel--dim")) if show_name else Text()
-        )
-        util_pct = Text(f"{fmt_pct(device.util_pct, compact=True):>4}")
+            lost = Text(index, label)  # the label style spans the padding of a shared row
+            lost.append(f"lost: {device.lost}", self.style("gpu--lost"))
+            return lost
+        name = f"{_short_name(device.name)} " if show_name else ""
+        util_pct = f"{fmt_pct(device.util_pct, compact=True):>4}"
         short = width < 60
         ratio = fmt_ratio(device.mem_used, device.mem_total, short=short)
-        mem_ratio = Text(f" {ratio}" if ratio != NA else " mem n/a")
+        mem_ratio = f" {ratio}" if ratio != NA else " mem n/a"
         temp_style = (
             self.style("panel--warning")
             if device.temperature_c is not None and device.temperature_c >= HOT_C
@@ -178,30 +184,26 @@ class AcceleratorsPanel(Panel):
         )
         # Optional fields, most important first; each keeps a leading space.
         temp, power = fmt_temp(device.temperature_c), _power(device)
-        optional: list[Text] = [  # an unreported value keeps its name: "temp n/a"
-            Text(f"  {temp}" if temp != NA else "  temp n/a", temp_style or ""),
-            Text(f"  {power}" if power != NA else "  power n/a"),
+        optional: list[Part] = [  # an unreported value keeps its name: "temp n/a"
+            (f"  {temp}" if temp != NA else "  temp n/a", temp_style),
+            (f"  {power}" if power != NA else "  power n/a", None),
         ]
         if device.sm_clock_mhz is not None:
-            optional.append(Text(f"  {device.sm_clock_mhz:.0f}MHz"))
+            optional.append((f"  {device.sm_clock_mhz:.0f}MHz", None))
         if device.pcie_rx_bps is not None or device.pcie_tx_bps is not None:
             optional.append(
-                Text(f"  PCIe ↓{fmt_rate(device.pcie_rx_bps)} ↑{fmt_rate(device.pcie_tx_bps)}")
+                (f"  PCIe ↓{fmt_rate(device.pcie_rx_bps)} ↑{fmt_rate(device.pcie_tx_bps)}", None)
             )
-        throttle = (
-            Text(f"  ⚠ {', '.join(device.throttle)}", self.style("panel--warning"))
-            if device.throttle
-            else Text()
-        )
-        fixed = index.cell_len + name.cell_len + util_pct.cell_len + 1 + mem_ratio.cell_len
-        fixed += throttle.cell_len
+        throttle = f"  ⚠ {', '.join(device.throttle)}" if device.throttle else ""
+        fixed = cell_len(index + name + util_pct + mem_ratio + throttle) + 1
         min_bars = 10
-        chosen: list[Text] = []
+        chosen: list[Part] = []
         room = width - fixed - min_bars
         for field in optional:
-            if field.cell_len <= room:
+            field_len = cell_len(field[0])
+            if field_len <= room:
                 chosen.append(field)
-                room -= field.cell_len
+                room -= field_len
             else:
                 break
         bars = max(4, room + min_bars)
@@ -212,18 +214,19 @@ class AcceleratorsPanel(Panel):
             if device.mem_used is not None and device.mem_total
             else None
         )
-        row = Text()
-        row.append_text(index)
-        row.append_text(name)
-        row.append_text(self.styled_bar([_fraction(device.util_pct)], util_width, ["gpu--util"]))
-        row.append_text(util_pct)
-        row.append(" ")
-        row.append_text(self.styled_bar([mem_fraction], mem_width, ["gpu--mem"]))
-        row.append_text(mem_ratio)
-        for field in chosen:
-            row.append_text(field)
-        row.append_text(throttle)
-        return row
+        return assemble(
+            [
+                (index, label),
+                (name, self.style("panel--dim")),
+                *self.bar_parts([_fraction(device.util_pct)], util_width, ["gpu--util"]),
+                (util_pct, None),
+                (" ", None),
+                *self.bar_parts([mem_fraction], mem_width, ["gpu--mem"]),
+                (mem_ratio, None),
+                *chosen,
+                (throttle, self.style("panel--warning")),
+            ]
+        )
 
 
 def _fraction(pct: float | None) -> float | None:

@@ -6,12 +6,16 @@ that ``app.tcss`` colours. Without a probe it says how to instrument a script.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 
-from tui.analyzer import Verdict
 from tui.format import fmt_duration, fmt_share
 from tui.state import INSTRUMENT_HINT, OUR_PROTOCOL, RunSummary, upgrade_advice
 from tui.widgets.base import Panel, wrap
+
+if TYPE_CHECKING:
+    from tui.analyzer import Verdict
 
 SEVERITIES = ("ok", "info", "warning", "critical", "muted")
 SEVERITY_GLYPHS = {"ok": "✓", "info": "●", "warning": "▲", "critical": "✖", "muted": "■"}

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from probe.samples import CgroupSample, CpuCore, CpuSample, TrainingProcesses
 from tui.format import TIMES, fmt_pct
-from tui.widgets.base import Panel
+from tui.widgets.base import Panel, Part, assemble
 
 SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
 CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]
@@ -68,12 +68,14 @@ class CpuPanel(Panel):
         processes: TrainingProcesses | None,
         cgroup: CgroupSample | None,
     ) -> None:
+        if self.unchanged(cpu, processes, cgroup):
+            return
         self.cpu, self.processes, self.cgroup = cpu, processes, cgroup
         count = len(cpu.cores) if cpu is not None else 0
         load = ""
         if cpu is not None and cpu.load_avg is not None:
             load = " · load " + " ".join(f"{v:.1f}" for v in cpu.load_avg)
-        self.border_title = f"CPU {TIMES}{count}{load}" if count else "CPU"
+        self.set_border_title(f"CPU {TIMES}{count}{load}" if count else "CPU")
         self.changed()
 
     def build(self, width: int) -> list[Text]:
@@ -91,21 +93,22 @@ class CpuPanel(Panel):
     def _grid(self, cores: tuple[CpuCore, ...], width: int) -> list[Text]:
         shape = grid_shape(len(cores), width)
         label_width = len(str(len(cores) - 1))
+        dim = self.style("panel--dim")
         lines = []
         for row in range(shape.rows):
-            line = Text()
+            parts: list[Part] = []
             for column in range(shape.columns):
                 position = column * shape.rows + row  # column-major, like htop
                 if position >= len(cores):
                     break
                 core = cores[position]
                 if column:
-                    line.append(" ")
-                line.append(f"{core.index:>{label_width}} ", self.style("panel--dim"))
-                line.append_text(self.styled_bar(_fractions(core), shape.bar_width, CORE_PARTS))
+                    parts.append((" ", None))
+                parts.append((f"{core.index:>{label_width}} ", dim))
+                parts += self.bar_parts(_fractions(core), shape.bar_width, CORE_PARTS)
                 if shape.show_pct:
-                    line.append(f"{fmt_pct(core.busy_pct, compact=True):>5}")
-            lines.append(line)
+                    parts.append((f"{fmt_pct(core.busy_pct, compact=True):>5}", None))
+            lines.append(assemble(parts))
         return lines
 
     def _summary(self, cores: tuple[CpuCore, ...]) -> Text:

@@ -37,6 +37,8 @@ class DiskPanel(Panel):
         data_fs_type: str | None,
         dataset_path: str | None,
     ) -> None:
+        if self.unchanged(disks, data_device, data_fs_type, dataset_path):
+            return
         self.disks, self.data_device = disks, data_device
         self.data_fs_type, self.dataset_path = data_fs_type, dataset_path
         self.changed()

@@ -76,12 +76,15 @@ class HeaderBar(Panel):
         selected_index: int | None,
         host: str | None,
     ) -> None:
+        if self.unchanged(run, runs, selected_index, host):
+            return
         self.run, self.runs, self.selected_index, self.host = run, runs, selected_index, host
         self.changed()
 
     def set_paused(self, paused: bool) -> None:
-        self.paused = paused
-        self.changed()
+        if paused != self.paused:
+            self.paused = paused
+            self.changed()
 
     # ---------------------------------------------------------------- rendering
 

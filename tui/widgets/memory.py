@@ -38,9 +38,11 @@ class MemoryPanel(Panel):
         cgroup: CgroupSample | None,
         statuses: tuple[SourceStatus, ...] = (),
     ) -> None:
+        if self.unchanged(memory, pressure, cgroup, statuses):
+            return
         self.memory, self.pressure, self.cgroup = memory, pressure, cgroup
         total = memory.total_bytes if memory is not None else None
-        self.border_title = f"Memory · {fmt_bytes(total)}" if total else "Memory"
+        self.set_border_title(f"Memory · {fmt_bytes(total)}" if total else "Memory")
         self.statuses = tuple(s for s in statuses if s.source in ("pressure", "cgroup"))
         self.changed()
 

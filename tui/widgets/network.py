@@ -26,6 +26,8 @@ class NetworkPanel(Panel):
         self.border_title = "Network"
 
     def show(self, nets: tuple[NetSample, ...]) -> None:
+        if self.unchanged(nets):
+            return
         self.nets = nets
         self.changed()
 

@@ -28,7 +28,7 @@ class StatusLine(Panel):
         now: float,
     ) -> None:
         self.errors, self.error_count, self.run, self.now = errors, error_count, run, now
-        self.display = bool(self.parts())
+        self.set_display(bool(self.parts()))
         self.changed()
 
     def parts(self) -> list[Text]:

@@ -7,6 +7,9 @@ a red floor; an unknown rate stays blank.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from rich.style import Style
 from rich.text import Text
 
 from tui.format import (
@@ -22,6 +25,13 @@ from tui.state import BUCKET_S, RunSummary, ThroughputPoint
 from tui.widgets.base import Panel
 
 MIN_GUTTER = 6  # fits "wait ┤"
+
+
+@lru_cache(maxsize=4096)
+def _column(value: float | None, top: float, rows: int) -> tuple[str, ...]:
+    """:func:`column_chars`, computed once per point and scale (the graph scrolls: each
+    point is drawn again at every refresh)."""
+    return tuple(column_chars(value, top, rows))
 
 
 class ThroughputGraph(Panel):
@@ -40,10 +50,15 @@ class ThroughputGraph(Panel):
         self.border_title = "Throughput"
 
     def show(self, run: RunSummary | None, points: tuple[ThroughputPoint, ...]) -> None:
+        if self.unchanged(run, points):
+            return
         self.run, self.points = run, points
         unit = run.unit if run is not None else "samples/s"
-        self.border_title = f"Throughput · {unit}"
+        self.set_border_title(f"Throughput · {unit}")
         self.changed()
+
+    def layout_key(self) -> int:
+        return self.content_size.height
 
     def build(self, width: int) -> list[Text]:
         height = max(2, self.content_size.height or 4)
@@ -87,7 +102,8 @@ class ThroughputGraph(Panel):
         bar_style = self.style("graph--bar")
         stall_style = self.style("graph--stall")
         axis_style = self.style("graph--axis")
-        columns = [column_chars(p.rate(unit), top, rows) for p in shown]
+        columns = [_column(p.rate(unit), top, rows) for p in shown]
+        stalled = [i for i, point in enumerate(shown) if point.pending]
         lines = []
         for row in reversed(range(rows)):
             if row == rows - 1:
@@ -98,11 +114,15 @@ class ThroughputGraph(Panel):
                 label = "│"
             line = Text(label.rjust(gutter), axis_style)
             line.append(" " * pad)
-            for point, chars in zip(shown, columns, strict=True):
-                if point.pending and row == 0:
-                    line.append("▁", stall_style)
-                else:
-                    line.append(chars[row], bar_style)
+            cells = [chars[row] for chars in columns]
+            if row == 0 and stalled:  # a stall in progress: a red floor
+                for i in stalled:
+                    cells[i] = "▁"
+                _append_runs(
+                    line, cells, [i in stalled for i in range(len(cells))], stall_style, bar_style
+                )
+            else:
+                line.append("".join(cells), bar_style)
             lines.append(line)
         return lines
 
@@ -110,12 +130,15 @@ class ThroughputGraph(Panel):
         line = Text("wait ┤".rjust(gutter), self.style("graph--axis"))
         line.append(" " * pad)
         wait_style = self.style("graph--wait")
+        cells = []
         for point in shown:
             if point.wait_share is None:
-                line.append(" ")
+                cells.append(" ")
             else:
                 level = round(clamp01(point.wait_share) * 8)
-                line.append(VERTICAL_EIGHTHS[level] if level else "▁", wait_style)
+                cells.append(VERTICAL_EIGHTHS[level] if level else "▁")
+        unknown = [point.wait_share is None for point in shown]
+        _append_runs(line, cells, unknown, None, wait_style)
         return line
 
     def _split(self, width: int, shown: int) -> Text:
@@ -143,3 +166,16 @@ class ThroughputGraph(Panel):
             line.append(" " * (width - line.cell_len - span.cell_len))
             line.append_text(span)
         return line
+
+
+def _append_runs(
+    line: Text, cells: list[str], marks: list[bool], marked: Style | None, other: Style | None
+) -> None:
+    """Append ``cells``, styled ``marked`` where ``marks`` is set and ``other`` elsewhere,
+    one span per run of equal styles (a span per cell costs at every redraw)."""
+    start = 0
+    for end in range(1, len(cells) + 1):
+        if end == len(cells) or marks[end] != marks[start]:
+            style = marked if marks[start] else other
+            line.append("".join(cells[start:end]), style)
+            start = end
