@@ -245,12 +245,23 @@ class Probe:
     def _open_step(self, t0: float, t1: float, n: int | None) -> None:
         if self._timing_checks < 3:
             self._check_timing()
-        ev = self._timer.record() if self._timer is not None else None
-        self._open = (t0, t1, n, ev)
+        self._open = (t0, t1, n, self._record_event())
+
+    def _record_event(self) -> Any:
+        if self._timer is None:
+            return None
+        try:
+            return self._timer.record()
+        except Exception as exc:  # a CUDA error must surface in the training, not here
+            self._timer, self._timing = None, "host"
+            self._timing_note = f"CUDA events failed ({exc}): step times are host-side"
+            self._timing_checks = 3  # do not try again
+            self._hello_dirty.set()
+            return None
 
     def _close_step(self, t_next: float) -> None:
         t0, t1, n, ev_start = self._open  # type: ignore[misc]
-        ev_end = self._timer.record() if self._timer is not None else None
+        ev_end = self._record_event()
         if self._samples_override is not None:
             n = self._samples_override
             self._samples_override = None

@@ -342,3 +342,18 @@ def test_failure_inside_probe_logs_one_warning(caplog: pytest.LogCaptureFixture)
     first.close()
     assert not second.enabled and "Address already in use" in (second.error or "")
     assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
+
+
+def test_failing_device_timer_falls_back_to_host_timing() -> None:
+    class BrokenTimer:
+        def record(self) -> Any:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+    p = probe.Probe(name="cuda", listen=f"tcp://127.0.0.1:{free_port()}", system_interval_s=0)
+    p._timing_checks = 3  # keep the broken timer: detection would find no CUDA here
+    p._timer = BrokenTimer()  # type: ignore[assignment]
+    assert list(p.watch(range(5))) == [0, 1, 2, 3, 4]
+    hello = p.hello()
+    p.close()
+    assert p._timer is None and hello.timing == "host"
+    assert hello.timing_note is not None and "CUDA events failed" in hello.timing_note
