@@ -206,7 +206,12 @@ def stacked_bar(fractions: Sequence[float | None], width: int) -> list[tuple[str
     """
     if width <= 0:
         return []
-    eighths = tuple(round(clamp01(fraction) * width * 8) for fraction in fractions)
+    scale = width * 8
+    # clamp01 inlined (None, NaN and infinities count as 0): this runs for every bar drawn
+    eighths = tuple(
+        0 if f is None or not 0.0 < f < math.inf else scale if f >= 1.0 else round(f * scale)
+        for f in fractions
+    )
     return list(_stacked_runs(eighths, width))
 
 

@@ -60,17 +60,18 @@ def assemble(parts: Iterable[Part]) -> Text:
     plain: list[str] = []
     spans: list[Span] = []
     position = 0
+    run_start, run_style = 0, None  # the styled run being extended
     for text, style in parts:
         if not text:
             continue
-        end = position + len(text)
-        if style:
-            if spans and spans[-1].end == position and spans[-1].style is style:
-                spans[-1] = Span(spans[-1].start, end, style)
-            else:
-                spans.append(Span(position, end, style))
+        if style is not run_style:
+            if run_style and run_start < position:
+                spans.append(Span(run_start, position, run_style))
+            run_start, run_style = position, style
         plain.append(text)
-        position = end
+        position += len(text)
+    if run_style and run_start < position:
+        spans.append(Span(run_start, position, run_style))
     return Text("".join(plain), spans=spans)
 
 

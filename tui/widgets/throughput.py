@@ -116,11 +116,11 @@ class ThroughputGraph(Panel):
             line.append(" " * pad)
             cells = [chars[row] for chars in columns]
             if row == 0 and stalled:  # a stall in progress: a red floor
+                marks = [False] * len(cells)
                 for i in stalled:
                     cells[i] = "▁"
-                _append_runs(
-                    line, cells, [i in stalled for i in range(len(cells))], stall_style, bar_style
-                )
+                    marks[i] = True
+                _append_runs(line, cells, marks, stall_style, bar_style)
             else:
                 line.append("".join(cells), bar_style)
             lines.append(line)
@@ -130,15 +130,12 @@ class ThroughputGraph(Panel):
         line = Text("wait ┤".rjust(gutter), self.style("graph--axis"))
         line.append(" " * pad)
         wait_style = self.style("graph--wait")
-        cells = []
-        for point in shown:
-            if point.wait_share is None:
-                cells.append(" ")
-            else:
-                level = round(clamp01(point.wait_share) * 8)
-                cells.append(VERTICAL_EIGHTHS[level] if level else "▁")
-        unknown = [point.wait_share is None for point in shown]
-        _append_runs(line, cells, unknown, None, wait_style)
+        cells = [_wait_char(point.wait_share) for point in shown]
+        if " " not in cells:  # the data wait is known all along: one run
+            line.append("".join(cells), wait_style)
+        else:
+            unknown = [point.wait_share is None for point in shown]
+            _append_runs(line, cells, unknown, None, wait_style)
         return line
 
     def _split(self, width: int, shown: int) -> Text:
@@ -166,6 +163,15 @@ class ThroughputGraph(Panel):
             line.append(" " * (width - line.cell_len - span.cell_len))
             line.append_text(span)
         return line
+
+
+@lru_cache(maxsize=1024)
+def _wait_char(share: float | None) -> str:
+    """The wait row's cell for a point: blank when unknown, at least a floor when known."""
+    if share is None:
+        return " "
+    level = round(clamp01(share) * 8)
+    return VERTICAL_EIGHTHS[level] if level else "▁"
 
 
 def _append_runs(
