@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch pinned to the CPU wheel first, so nothing later resolves a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[demo,dev]'
+	# (setuptools' note on editable installs is about this very layout: silenced)
+	PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[demo,dev,frameworks]'
 	touch $(STAMP)
 
 demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced)
@@ -25,8 +26,8 @@ test: $(STAMP)  ## run the whole test suite
 	$(BIN)/pytest -q
 
 lint: $(STAMP)  ## ruff and mypy
-	$(BIN)/ruff check probe tui tests bench tools
-	$(BIN)/ruff format --check probe tui tests bench tools
+	$(BIN)/ruff check gputop_dl probe tui tests bench tools
+	$(BIN)/ruff format --check gputop_dl probe tui tests bench tools
 	$(BIN)/mypy
 
 bench: $(STAMP)  ## print the probe, sampler and viewer cost figures

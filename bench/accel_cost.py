@@ -28,13 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probe.collectors.hlsmi import (  # noqa: E402
+from gputop_dl.probe.collectors.hlsmi import (  # noqa: E402
     QUERY_FIELDS,
     HlSmiCollector,
     hpu_sample_from_row,
     parse_hlsmi_csv,
 )
-from probe.collectors.nvml import NvmlCollector  # noqa: E402
+from gputop_dl.probe.collectors.nvml import NvmlCollector  # noqa: E402
 from tests.fakes.fake_nvml import FakeNvml  # noqa: E402
 
 FAKE_HLSMI = ROOT / "tests" / "fakes" / "hl-smi"

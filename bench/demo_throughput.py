@@ -22,7 +22,7 @@ def run(with_probe: bool, result: Path) -> float:
     cmd = [
         sys.executable,
         "-m",
-        "tui.demo.train",
+        "gputop_dl.tui.demo.train",
         "--scenario",
         "bench",
         "--batch-size",

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-import probe
-from probe.transport import Subscriber
+from gputop_dl import probe
+from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
 REPEATS = 15

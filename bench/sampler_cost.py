@@ -18,7 +18,7 @@ from pathlib import Path
 # Runnable as a plain script from the repo root or from bench/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from probe.collectors.host import HostCollector, ProcessCollector
+from gputop_dl.probe.collectors.host import HostCollector, ProcessCollector
 
 CALLS = 200
 WORKERS = 4  # sleeping children standing in for DataLoader workers

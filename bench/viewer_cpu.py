@@ -24,11 +24,11 @@ GPUTOP = str(Path(sys.executable).parent / "gputop")
 
 PUBLISHER = """
 import random, socket, sys, time
-from probe.messages import Hello, LoaderInfo, StepRecord, Steps, System
-from probe.protocol import encode
-from probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, HpuSample, MemorySample,
-    NetSample, ProcessSample, SourceStatus, SystemSample, TrainingProcesses)
-from probe.transport import Publisher
+from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord, Steps, System
+from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, HpuSample,
+    MemorySample, NetSample, ProcessSample, SourceStatus, SystemSample, TrainingProcesses)
+from gputop_dl.probe.transport import Publisher
 
 pub = Publisher(sys.argv[1])
 host, sid = socket.gethostname(), socket.gethostname() + ":4242"

@@ -1,6 +1,6 @@
 """gputop's probe: a few lines in a training script publish its step timings.
 
-    import probe
+    from gputop_dl import probe
     for batch in probe.watch(loader):   # starts a default probe on first use
         ...                              # the training step, unchanged
 
@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
-from probe.core import Phase, Probe
-from probe.version import __version__
+from gputop_dl.probe.core import Phase, Probe
+from gputop_dl.probe.version import __version__
 
 T = TypeVar("T")
 _default: Probe | None = None

@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from probe import discovery, loader
-from probe.device_timing import CudaTimer, detect
-from probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
-from probe.protocol import encode
-from probe.version import __version__
+from gputop_dl.probe import discovery, loader
+from gputop_dl.probe.device_timing import CudaTimer, detect
+from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
+from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
 
@@ -139,7 +139,10 @@ class Probe:
 
     # ----------------------------------------------------------------- lifecycle
     def _start(self) -> None:
-        from probe.transport import Publisher, TransportError  # zmq stays out of import time
+        from gputop_dl.probe.transport import (  # zmq stays out of import time
+            Publisher,
+            TransportError,
+        )
 
         try:
             endpoint = self._listen or discovery.ipc_endpoint(self.pid)
@@ -467,7 +470,7 @@ def _close_all() -> None:
 def _make_sampler(probe: Probe) -> Any:
     """Start the node sampler; a failure here only costs the system panels."""
     try:
-        from probe.collectors.sampler import NodeSampler
+        from gputop_dl.probe.collectors.sampler import NodeSampler
 
         sampler = NodeSampler(
             main_pid=probe.pid if probe.role == "probe" else None,

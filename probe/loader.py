@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from probe.messages import LoaderInfo
+from gputop_dl.probe.messages import LoaderInfo
 
 _PATH_ATTRS = ("root", "data_dir", "path", "directory", "folder", "img_dir", "data_path")
 

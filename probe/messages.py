@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from probe.samples import SystemSample
+from gputop_dl.probe.samples import SystemSample
 
 
 @dataclass(frozen=True)

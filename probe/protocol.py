@@ -17,8 +17,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
-from probe import messages, samples
-from probe.messages import Bye, Hello, Message, Steps, System
+from gputop_dl.probe import messages, samples
+from gputop_dl.probe.messages import Bye, Hello, Message, Steps, System
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0

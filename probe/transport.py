@@ -12,7 +12,7 @@ import threading
 
 import zmq
 
-from probe.protocol import TOPIC_PREFIX
+from gputop_dl.probe.protocol import TOPIC_PREFIX
 
 SEND_HWM = 64  # messages queued per subscriber before we drop: ~6 s of step batches
 RECV_HWM = 10_000

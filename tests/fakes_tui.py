@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
-from probe.samples import (
+from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
+from gputop_dl.probe.samples import (
     CgroupSample,
     CpuCore,
     CpuSample,
@@ -25,7 +25,7 @@ from probe.samples import (
     SystemSample,
     TrainingProcesses,
 )
-from tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
+from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
 
 T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
 HOST = "gpu-node-07"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from probe.core import Probe
+from gputop_dl.probe.core import Probe
 from tests.fakes.fake_nvml import FakeNvml
 from tests.wire_reader import WireReader
 
@@ -37,7 +37,7 @@ def path_without_hlsmi() -> str:
 
 def start_agent(endpoint: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "agent", "--listen", endpoint],
+        [sys.executable, "-m", "gputop_dl", "agent", "--listen", endpoint],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,7 +104,7 @@ def test_hung_hlsmi_never_delays_host_samples() -> None:
         "FAKE_HLSMI_MODE": "hang",
     }
     agent = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "agent", "--listen", endpoint],
+        [sys.executable, "-m", "gputop_dl", "agent", "--listen", endpoint],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -158,7 +158,7 @@ def test_eight_fake_gpus_and_hpus_come_through_with_units(monkeypatch: pytest.Mo
 
 def test_snapshot_with_nothing_running_explains_and_exits_0() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tui.cli", "snapshot", "--wait", "2.5"],
+        [sys.executable, "-m", "gputop_dl", "snapshot", "--wait", "2.5"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -166,22 +166,25 @@ def test_snapshot_with_nothing_running_explains_and_exits_0() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "no training run found" in out.stdout
-    assert "import probe" in out.stdout
+    assert "from gputop_dl import probe" in out.stdout
     assert "nvml: NVML library not found" in out.stdout  # the host part came from the local sampler
 
 
 def test_snapshot_json_sees_a_probe_and_list_finds_it() -> None:
-    code = "import probe, time\nfor _ in probe.watch(range(100000)):\n    time.sleep(0.02)\n"
+    code = (
+        "from gputop_dl import probe\nimport time\n"
+        "for _ in probe.watch(range(100000)):\n    time.sleep(0.02)\n"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env={**os.environ, "GPUTOP_NAME": "listed"}
     )
     try:
         time.sleep(2.0)
         listed = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "list"], capture_output=True, text=True, timeout=30
+            [sys.executable, "-m", "gputop_dl", "list"], capture_output=True, text=True, timeout=30
         )
         snap = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "snapshot", "--json", "--wait", "3"],
+            [sys.executable, "-m", "gputop_dl", "snapshot", "--json", "--wait", "3"],
             capture_output=True,
             text=True,
             timeout=60,

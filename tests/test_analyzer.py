@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.messages import Hello, LoaderInfo, StepRecord
-from probe.samples import (
+from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord
+from gputop_dl.probe.samples import (
     CgroupSample,
     CpuCore,
     CpuSample,
@@ -25,8 +25,8 @@ from probe.samples import (
     SystemSample,
     TrainingProcesses,
 )
-from tui.analysis.causes import suggest_workers
-from tui.analyzer import Verdict, VerdictTracker, Window, analyze
+from gputop_dl.tui.analysis.causes import suggest_workers
+from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window, analyze
 
 T0 = 1_700_000_000.0
 HOST = "node1"

@@ -36,25 +36,25 @@ from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Markdown
 
-import tui.state
-from probe.messages import System
-from probe.samples import GpuSample, SourceStatus
-from tui.analyzer import Verdict
-from tui.app import GputopApp
-from tui.events import BadInput, Received, SourceEvent
-from tui.format import TIMES
-from tui.state import INSTRUMENT_HINT
-from tui.widgets.accelerators import AcceleratorsPanel
-from tui.widgets.banner import Banner
-from tui.widgets.base import Panel
-from tui.widgets.cpu import CpuPanel
-from tui.widgets.disk import DiskPanel
-from tui.widgets.header import HeaderBar
-from tui.widgets.help import HelpScreen
-from tui.widgets.memory import MemoryPanel
-from tui.widgets.network import NetworkPanel
-from tui.widgets.status import StatusLine
-from tui.widgets.throughput import ThroughputGraph
+from gputop_dl.probe.messages import System
+from gputop_dl.probe.samples import GpuSample, SourceStatus
+from gputop_dl.tui import state as tui_state
+from gputop_dl.tui.analyzer import Verdict
+from gputop_dl.tui.app import GputopApp
+from gputop_dl.tui.events import BadInput, Received, SourceEvent
+from gputop_dl.tui.format import TIMES
+from gputop_dl.tui.state import INSTRUMENT_HINT
+from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
+from gputop_dl.tui.widgets.banner import Banner
+from gputop_dl.tui.widgets.base import Panel
+from gputop_dl.tui.widgets.cpu import CpuPanel
+from gputop_dl.tui.widgets.disk import DiskPanel
+from gputop_dl.tui.widgets.header import HeaderBar
+from gputop_dl.tui.widgets.help import HelpScreen
+from gputop_dl.tui.widgets.memory import MemoryPanel
+from gputop_dl.tui.widgets.network import NetworkPanel
+from gputop_dl.tui.widgets.status import StatusLine
+from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
 NOW = T0 + 60.0
 NARROW = (80, 24)
@@ -213,7 +213,7 @@ async def test_incompatible_shows_both_versions() -> None:
         assert banner.has_class("-critical")
         banner_text = text(banner)
         assert "2.0" in banner_text and "1.0" in banner_text
-        assert "pip install -U gputop" in banner_text
+        assert "pip install -U gputop-dl" in banner_text
         # The banner says it; the problems line does not repeat it.
         assert not app.query_one(StatusLine).display
 
@@ -258,7 +258,7 @@ async def test_no_probe_is_a_top_with_the_instrument_hint() -> None:
         assert "○ no training run" in text(app.query_one(HeaderBar))
         banner = text(app.query_one(Banner))
         assert "No training run attached: showing gpu-node-07." in banner
-        assert "import probe; for batch in probe.watch(loader): ..." in banner
+        assert "from gputop_dl import probe; for batch in probe.watch(loader): ..." in banner
         assert str(app.query_one(CpuPanel).border_title).startswith(f"CPU {TIMES}64")
         assert "DataLoader" not in text(app.query_one(CpuPanel))
         assert "58.0/79.6G" in text(app.query_one(AcceleratorsPanel))
@@ -415,7 +415,7 @@ async def test_updates_draw_what_a_fresh_screen_draws(
 ) -> None:
     # Panels repaint only the lines that changed: after many updates the screen must be
     # what a fresh app shows for the same state.
-    monkeypatch.setattr(tui.state, "analyze", lambda window, previous=None: FIXED_VERDICT)
+    monkeypatch.setattr(tui_state, "analyze", lambda window, previous=None: FIXED_VERDICT)
     events = sorted(
         live_run(NOW - 5) + live_run(NOW - 5, source_id=f"{HOST}:4243", rank=1),
         key=lambda e: e.received if isinstance(e, Received) else 0.0,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from probe.collectors.cgroup import (
+from gputop_dl.probe.collectors.cgroup import (
     CgroupReader,
     parse_cpu_max,
     parse_keyed_ints,
@@ -29,7 +29,7 @@ from probe.collectors.cgroup import (
     throttled_pct,
     throttled_stat,
 )
-from probe.collectors.host import (
+from gputop_dl.probe.collectors.host import (
     HostCollector,
     HostReading,
     ProcessCollector,
@@ -37,7 +37,7 @@ from probe.collectors.host import (
     parse_pressure,
     parse_vmstat_swap,
 )
-from probe.collectors.processes import descendants_from_children_files
+from gputop_dl.probe.collectors.processes import descendants_from_children_files
 
 REPO = Path(__file__).resolve().parent.parent
 

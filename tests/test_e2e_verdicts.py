@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from gputop_dl.tui.cli import start_demo, stop_child
 from tests.wire_reader import WireReader
-from tui.cli import start_demo, stop_child
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 def snapshot(endpoint: str, wait: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "tui.cli", "snapshot", "--json", "--wait", str(wait), endpoint],
+        [sys.executable, "-m", "gputop_dl", "snapshot", "--json", "--wait", str(wait), endpoint],
         capture_output=True,
         text=True,
         timeout=wait + 60,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tui.format import (
+from gputop_dl.tui.format import (
     NA,
     bar,
     column_chars,

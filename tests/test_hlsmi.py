@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from probe.collectors import hlsmi
-from probe.collectors.hlsmi import (
+from gputop_dl.probe.collectors import hlsmi
+from gputop_dl.probe.collectors.hlsmi import (
     HlSmiCollector,
     HlSmiParseError,
     LoopSplitter,
     hpu_sample_from_row,
     parse_hlsmi_csv,
 )
-from probe.samples import HpuSample, SourceStatus
+from gputop_dl.probe.samples import HpuSample, SourceStatus
 
 FAKES = Path(__file__).parent / "fakes"
 MIB = 1 << 20
@@ -485,7 +485,7 @@ def test_child_killed_at_interpreter_exit(env: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("FAKE_HLSMI_MODE", "hang")
     script = f"""
 import os, time
-from probe.collectors.hlsmi import HlSmiCollector
+from gputop_dl.probe.collectors.hlsmi import HlSmiCollector
 col = HlSmiCollector(timeout_s=30)
 col.start()
 end = time.monotonic() + 5

@@ -21,8 +21,8 @@ from fakes.fake_nvml import (
     reason_mask,
 )
 
-from probe.collectors import nvml as nvml_mod
-from probe.collectors.nvml import NvmlCollector, decode_clock_reasons, physical_gpu_index
+from gputop_dl.probe.collectors import nvml as nvml_mod
+from gputop_dl.probe.collectors.nvml import NvmlCollector, decode_clock_reasons, physical_gpu_index
 
 
 @pytest.fixture

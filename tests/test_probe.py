@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import probe
-from probe import discovery
-from probe.loader import infer_samples
+from gputop_dl import probe
+from gputop_dl.probe import discovery
+from gputop_dl.probe.loader import infer_samples
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
@@ -75,7 +75,7 @@ def test_import_probe_needs_neither_torch_nor_textual(tmp_path: Path) -> None:
         import sys
         sys.modules["torch"] = None      # any import of these now fails
         sys.modules["textual"] = None
-        import probe
+        from gputop_dl import probe
         p = probe.Probe(name="bare")
         for _ in p.watch(range(20)):
             pass

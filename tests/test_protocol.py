@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
-from probe.protocol import (
+from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
+from gputop_dl.probe.protocol import (
     PROTOCOL_MAJOR,
     IncompatibleVersion,
     MalformedMessage,
@@ -19,7 +19,7 @@ from probe.protocol import (
     decode,
     encode,
 )
-from probe.samples import (
+from gputop_dl.probe.samples import (
     CgroupSample,
     CpuCore,
     CpuSample,

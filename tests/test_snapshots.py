@@ -15,9 +15,9 @@ import pytest
 from fakes_tui import HOST, T0, FakeSource, live_run
 from textual.pilot import Pilot
 
-import tui.state
-from tui.analyzer import Verdict, Window
-from tui.app import GputopApp
+from gputop_dl.tui import state as tui_state
+from gputop_dl.tui.analyzer import Verdict, Window
+from gputop_dl.tui.app import GputopApp
 
 NOW = T0 + 60.0
 
@@ -43,7 +43,7 @@ def fixed_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         return INPUT_BOUND
 
-    monkeypatch.setattr(tui.state, "analyze", analyze)
+    monkeypatch.setattr(tui_state, "analyze", analyze)
 
 
 def live_app() -> tuple[GputopApp, Callable[[Pilot[None]], object]]:

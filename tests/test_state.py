@@ -23,13 +23,13 @@ from fakes_tui import (
     systems_events,
 )
 
-import tui.state as state_module
-from probe.messages import Hello, StepRecord, Steps, System
-from probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
-from tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
-from tui.analyzer import Verdict, Window, analyze
-from tui.events import BadInput, EndpointState
-from tui.state import INSTRUMENT_HINT, SAMPLES_UNIT, STEPS_UNIT, ViewerState
+import gputop_dl.tui.state as state_module
+from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
+from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
+from gputop_dl.tui.analyzer import Verdict, Window, analyze
+from gputop_dl.tui.events import BadInput, EndpointState
+from gputop_dl.tui.state import INSTRUMENT_HINT, SAMPLES_UNIT, STEPS_UNIT, ViewerState
 
 NOW = T0 + 60.0
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from tui.app import GputopApp
-from tui.source import ZmqSource
+from gputop_dl.tui.app import GputopApp
+from gputop_dl.tui.source import ZmqSource
 
 TRAIN = """
-import probe, time, numpy
+from gputop_dl import probe; import time, numpy
 batches = [numpy.zeros((8, 3))] * 100000   # 8 samples per batch
 for batch in probe.watch(batches):
     time.sleep(0.02)

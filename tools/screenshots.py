@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tui.app import GputopApp  # noqa: E402
-from tui.cli import start_demo, stop_child  # noqa: E402
-from tui.source import ZmqSource  # noqa: E402
+from gputop_dl.tui.app import GputopApp  # noqa: E402
+from gputop_dl.tui.cli import start_demo, stop_child  # noqa: E402
+from gputop_dl.tui.source import ZmqSource  # noqa: E402
 
 SIZES = ((80, 24), (120, 36), (200, 50))
 # The demo child imports this before training when simulating accelerators.
@@ -34,7 +34,7 @@ sys.path.insert(0, {root!r})
 from tests.fakes.fake_nvml import FakeNvml
 with FakeNvml(8).installed():
     sys.argv = ["train"] + sys.argv[1:]
-    runpy.run_module("tui.demo.train", run_name="__main__")
+    runpy.run_module("gputop_dl.tui.demo.train", run_name="__main__")
 """
 
 

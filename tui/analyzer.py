@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from probe.messages import Hello, LoaderInfo, StepRecord
-from probe.samples import SystemSample
-from tui.analysis import fmt
-from tui.analysis.causes import input_cause
-from tui.analysis.devices import DeviceState, device_states
-from tui.analysis.host import HostStats, host_stats
-from tui.analysis.steps import StepStats, step_stats, typical_period, usable_steps
-from tui.analysis.thresholds import (
+from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord
+from gputop_dl.probe.samples import SystemSample
+from gputop_dl.tui.analysis import fmt
+from gputop_dl.tui.analysis.causes import input_cause
+from gputop_dl.tui.analysis.devices import DeviceState, device_states
+from gputop_dl.tui.analysis.host import HostStats, host_stats
+from gputop_dl.tui.analysis.steps import StepStats, step_stats, typical_period, usable_steps
+from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
     BURSTY_RATIO,

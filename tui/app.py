@@ -24,18 +24,18 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer
 
-from probe.messages import Steps, System
-from tui.events import Received, Source, SourceEvent
-from tui.state import ViewerState
-from tui.widgets.accelerators import AcceleratorsPanel
-from tui.widgets.banner import Banner
-from tui.widgets.cpu import CpuPanel
-from tui.widgets.disk import DiskPanel
-from tui.widgets.header import HeaderBar
-from tui.widgets.memory import MemoryPanel
-from tui.widgets.network import NetworkPanel
-from tui.widgets.status import StatusLine
-from tui.widgets.throughput import ThroughputGraph
+from gputop_dl.probe.messages import Steps, System
+from gputop_dl.tui.events import Received, Source, SourceEvent
+from gputop_dl.tui.state import ViewerState
+from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
+from gputop_dl.tui.widgets.banner import Banner
+from gputop_dl.tui.widgets.cpu import CpuPanel
+from gputop_dl.tui.widgets.disk import DiskPanel
+from gputop_dl.tui.widgets.header import HeaderBar
+from gputop_dl.tui.widgets.memory import MemoryPanel
+from gputop_dl.tui.widgets.network import NetworkPanel
+from gputop_dl.tui.widgets.status import StatusLine
+from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
 WIDE_COLUMNS = 120  # from this width the panels sit side by side
 
@@ -256,7 +256,7 @@ class GputopApp(App[None]):
             self.notify(f"No run {number}", severity="warning", timeout=2)
 
     def action_help(self) -> None:
-        from tui.widgets.help import HelpScreen  # Markdown: imported when first needed
+        from gputop_dl.tui.widgets.help import HelpScreen  # Markdown: imported when first needed
 
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())

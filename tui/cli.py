@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from probe import discovery
-from probe.version import __version__
+from gputop_dl.probe import discovery
+from gputop_dl.probe.version import __version__
 
 COMMANDS = ("demo", "agent", "snapshot", "list")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
 INSTRUMENT_HINT = (
-    "instrument a training script with: import probe; for batch in probe.watch(loader): ..."
+    "instrument a training script with: "
+    "from gputop_dl import probe; for batch in probe.watch(loader): ..."
 )
 
 
@@ -65,7 +66,7 @@ def view_parser() -> argparse.ArgumentParser:
 
 def cmd_view(argv: list[str]) -> int:
     args = view_parser().parse_args(argv)
-    from tui.source import ZmqSource
+    from gputop_dl.tui.source import ZmqSource
 
     source = ZmqSource(
         args.endpoints,
@@ -80,7 +81,7 @@ def _only_remote(endpoints: list[str]) -> bool:
 
 
 def run_app(source: Any, refresh_hz: float = 2.0) -> int:
-    from tui.app import GputopApp
+    from gputop_dl.tui.app import GputopApp
 
     GputopApp(source, local_host=socket.gethostname(), refresh_hz=refresh_hz).run()
     return 0
@@ -105,7 +106,7 @@ def cmd_demo(argv: list[str]) -> int:
         import torch  # noqa: F401
     except ImportError:
         print(
-            "gputop demo needs PyTorch: pip install 'gputop[demo]' (or run make demo)",
+            "gputop demo needs PyTorch: pip install 'gputop-dl[demo]' (or run make demo)",
             file=sys.stderr,
         )
         return 2
@@ -114,7 +115,7 @@ def cmd_demo(argv: list[str]) -> int:
     try:
         if args.no_tui:
             return _print_live(child, [endpoint])
-        from tui.source import ZmqSource
+        from gputop_dl.tui.source import ZmqSource
 
         return run_app(ZmqSource([endpoint], discover=False, local_sampler=False))
     finally:
@@ -129,12 +130,12 @@ def start_demo(
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
     """Start the demo training as a child process publishing on a private endpoint.
 
-    ``launcher`` replaces ``python -m tui.demo.train`` (the screenshots use it to run the
+    ``launcher`` replaces ``python -m gputop_dl.tui.demo.train`` (the screenshots use it to run the
     training with simulated accelerators)."""
     endpoint = f"ipc://{discovery.runtime_dir()}/demo-{os.getpid()}-{scenario}.sock"
     log_path = Path(tempfile.gettempdir()) / f"gputop-demo-{os.getpid()}-{scenario}.log"
     env = {**os.environ, "GPUTOP_LISTEN": endpoint, "GPUTOP_NAME": f"demo {scenario}"}
-    base = list(launcher) if launcher else [sys.executable, "-m", "tui.demo.train"]
+    base = list(launcher) if launcher else [sys.executable, "-m", "gputop_dl.tui.demo.train"]
     cmd = [*base, "--scenario", scenario, "--duration", str(duration), *extra]
     with open(log_path, "wb") as log:
         child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -152,7 +153,7 @@ def stop_child(child: subprocess.Popen[bytes]) -> None:
 
 
 def _print_live(child: subprocess.Popen[bytes], endpoints: list[str]) -> int:
-    from tui.snapshot import Collector, render_text
+    from gputop_dl.tui.snapshot import Collector, render_text
 
     collector = Collector(endpoints, local_sampler=False)
     collector.start()
@@ -184,7 +185,7 @@ def cmd_agent(argv: list[str]) -> int:
     )
     ap.add_argument("--name", default=None, help="name shown by viewers")
     args = ap.parse_args(argv)
-    from probe.core import Probe
+    from gputop_dl.probe.core import Probe
 
     if args.listen and args.listen.startswith("tcp://") and not _loopback(args.listen):
         print(
@@ -228,7 +229,7 @@ def cmd_snapshot(argv: list[str]) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(argv)
-    from tui.snapshot import Collector, render_text
+    from gputop_dl.tui.snapshot import Collector, render_text
 
     collector = Collector(args.endpoints, local_sampler=not _only_remote(args.endpoints))
     collector.start()

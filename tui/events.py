@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from probe.messages import Message
+from gputop_dl.probe.messages import Message
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Any
 
-from tui.events import SourceEvent
-from tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
-from tui.source import ZmqSource
-from tui.state import ViewerState
+from gputop_dl.tui.events import SourceEvent
+from gputop_dl.tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
+from gputop_dl.tui.source import ZmqSource
+from gputop_dl.tui.state import ViewerState
 
 
 class Collector:
@@ -85,7 +85,7 @@ def render_text(snap: dict[str, Any]) -> str:
     if not snap["runs"]:
         lines.append(
             "no training run found; instrument one with: "
-            "import probe; for batch in probe.watch(loader): ..."
+            "from gputop_dl import probe; for batch in probe.watch(loader): ..."
         )
     for run in snap["runs"]:
         rank = f" rank {run['rank']}/{run['world_size']}" if run["rank"] is not None else ""

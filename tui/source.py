@@ -11,12 +11,12 @@ import threading
 import time
 from typing import Any
 
-from probe import discovery
-from probe.messages import Hello, System
-from probe.protocol import IncompatibleVersion, ProtocolError, decode
-from probe.transport import Subscriber, TransportError
-from probe.version import __version__
-from tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
+from gputop_dl.probe import discovery
+from gputop_dl.probe.messages import Hello, System
+from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode
+from gputop_dl.probe.transport import Subscriber, TransportError
+from gputop_dl.probe.version import __version__
+from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
 
 POLL_S = 0.1
 DISCOVER_EVERY_S = 1.0
@@ -156,7 +156,7 @@ def _should_report(last: dict[str, float], text: str, now: float) -> bool:
 
 def _local_sampler(interval_s: float) -> Any:
     try:
-        from probe.collectors.sampler import NodeSampler
+        from gputop_dl.probe.collectors.sampler import NodeSampler
 
         sampler = NodeSampler(main_pid=None, interval_s=interval_s, host=True)
         sampler.start(thread=False)  # sampled on the source's own thread

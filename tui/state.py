@@ -21,15 +21,15 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
-from probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
-from probe.samples import SystemSample, TrainingProcesses
-from tui.analysis.thresholds import MAX_WINDOW_STEPS
-from tui.events import BadInput, EndpointState, Received, SourceEvent
-from tui.format import fmt_count, fmt_duration
+from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
+from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from gputop_dl.probe.samples import SystemSample, TrainingProcesses
+from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
+from gputop_dl.tui.events import BadInput, EndpointState, Received, SourceEvent
+from gputop_dl.tui.format import fmt_count, fmt_duration
 
 if TYPE_CHECKING:  # the analyzer is imported on first use: not needed for the first frame
-    from tui.analyzer import Verdict, VerdictTracker, Window
+    from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window
 
 BUCKET_S = 0.5  # one throughput point per half second of the run's clock
 STALE_AFTER_S = 3.0  # a live run publishes several messages a second
@@ -48,7 +48,7 @@ MAX_ERRORS = 20
 AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe samples the host
 STALL_MIN_S = 1.0  # no step for this long (and twice the usual step) shows as a stall
 
-INSTRUMENT_HINT = "import probe; for batch in probe.watch(loader): ..."
+INSTRUMENT_HINT = "from gputop_dl import probe; for batch in probe.watch(loader): ..."
 
 CONNECTING = "connecting"
 LIVE = "live"
@@ -363,7 +363,7 @@ def _rank_label(hello: Hello | None) -> str:
 
 def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """:func:`tui.analyzer.analyze`, imported when the first run is analyzed."""
-    from tui.analyzer import analyze as analyze_window
+    from gputop_dl.tui.analyzer import analyze as analyze_window
 
     return analyze_window(window, previous)
 
@@ -529,7 +529,7 @@ class ViewerState:
         """The run's verdict as of ``now`` (viewer clock). The analyzer compares times
         with the probe's steps and samples, so it is given ``now`` in the probe's clock;
         the tracker, whose times the banner shows, stays in the viewer's."""
-        from tui.analyzer import Verdict, VerdictTracker, Window
+        from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window
 
         if source.tracker is None:
             source.tracker = VerdictTracker()
@@ -789,7 +789,7 @@ def upgrade_advice(theirs: tuple[int, int] | None) -> str:
     if theirs is None:
         return "install the same gputop version where the probe runs and here"
     if theirs[0] > PROTOCOL_MAJOR:
-        return f"upgrade this gputop (pip install -U gputop) to read protocol {theirs[0]}.x"
+        return f"upgrade this gputop (pip install -U gputop-dl) to read protocol {theirs[0]}.x"
     return (
         f"upgrade gputop in the training environment: its probe speaks {theirs[0]}.x, "
         f"this viewer reads {PROTOCOL_MAJOR}.x"

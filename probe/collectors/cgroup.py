@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from probe.samples import CgroupSample, SourceStatus
+from gputop_dl.probe.samples import CgroupSample, SourceStatus
 
 # cgroup v1 reports "no memory limit" as PAGE_COUNTER_MAX * page size
 # (9223372036854771712 with 4 KiB pages) or LONG_MAX; anything this large (4 EiB) is

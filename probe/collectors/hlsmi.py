@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from probe.samples import HpuSample, SourceStatus
+from gputop_dl.probe.samples import HpuSample, SourceStatus
 
 SOURCE = "hl-smi"
 

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 import psutil
 
-from probe.collectors.cgroup import CgroupReader
-from probe.collectors.processes import ProcessCollector
-from probe.samples import (
+from gputop_dl.probe.collectors.cgroup import CgroupReader
+from gputop_dl.probe.collectors.processes import ProcessCollector
+from gputop_dl.probe.samples import (
     CgroupSample,
     CpuCore,
     CpuSample,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
-from probe.samples import GpuSample, SourceStatus
+from gputop_dl.probe.samples import GpuSample, SourceStatus
 
 try:
     import pynvml

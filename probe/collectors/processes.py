@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 
 import psutil
 
-from probe.samples import ProcessSample, TrainingProcesses
+from gputop_dl.probe.samples import ProcessSample, TrainingProcesses
 
 SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
 

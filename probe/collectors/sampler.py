@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from probe.samples import GpuSample, SourceStatus, SystemSample
+from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
 
 
 class NodeSampler:
@@ -28,8 +28,8 @@ class NodeSampler:
         data_path: str | None = None,
         accelerators: bool = True,
     ) -> None:
-        from probe.collectors.host import HostCollector
-        from probe.collectors.processes import ProcessCollector
+        from gputop_dl.probe.collectors.host import HostCollector
+        from gputop_dl.probe.collectors.processes import ProcessCollector
 
         self.interval_s = interval_s
         self.hostname = socket.gethostname()
@@ -41,7 +41,7 @@ class NodeSampler:
         self._hlsmi: Any = None
         self._own_gpu: int | str | None = None
         if accelerators:
-            from probe.collectors.nvml import NvmlCollector, physical_gpu_index
+            from gputop_dl.probe.collectors.nvml import NvmlCollector, physical_gpu_index
 
             self._nvml = NvmlCollector(training_pids=lambda: self._training_pids)
             if not host:
@@ -49,7 +49,7 @@ class NodeSampler:
                     _env_int("LOCAL_RANK"), os.environ.get("CUDA_VISIBLE_DEVICES")
                 )
             if host:  # hl-smi is node-wide and costly: once per node
-                from probe.collectors.hlsmi import HlSmiCollector
+                from gputop_dl.probe.collectors.hlsmi import HlSmiCollector
 
                 self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
         self._proc_collector = (

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from probe.messages import LoaderInfo
-from tui.analysis import fmt
-from tui.analysis.host import HostStats, is_network_fs
-from tui.analysis.thresholds import (
+from gputop_dl.probe.messages import LoaderInfo
+from gputop_dl.tui.analysis import fmt
+from gputop_dl.tui.analysis.host import HostStats, is_network_fs
+from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
     DISK_BUSY_ENTER,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probe.samples import GpuSample, HpuSample, SystemSample
-from tui.analysis.thresholds import (
+from gputop_dl.probe.samples import GpuSample, HpuSample, SystemSample
+from gputop_dl.tui.analysis.thresholds import (
     BUSY_UTIL_PCT,
     SYSTEM_WINDOW_S,
     THROTTLE_POWER_CAP_REASONS,

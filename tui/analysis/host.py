@@ -10,8 +10,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from probe.samples import DiskSample, SystemSample
-from tui.analysis.thresholds import (
+from gputop_dl.probe.samples import DiskSample, SystemSample
+from gputop_dl.tui.analysis.thresholds import (
     CORE_PINNED_PCT,
     NETWORK_FS_PREFIXES,
     PROCESS_SATURATED_PCT,

@@ -7,8 +7,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probe.messages import StepRecord
-from tui.analysis.thresholds import (
+from gputop_dl.probe.messages import StepRecord
+from gputop_dl.tui.analysis.thresholds import (
     H2D_PHASE_NAMES,
     MAX_WINDOW_STEPS,
     MIN_STEPS,

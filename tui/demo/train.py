@@ -2,7 +2,7 @@
 
 Run by ``gputop demo`` (and by the end-to-end tests and benchmarks) as a child process:
 
-    python -m tui.demo.train --scenario input-bound --duration 60
+    python -m gputop_dl.tui.demo.train --scenario input-bound --duration 60
 
 Scenarios set the truth by construction:
   input-bound    JPEG decode + augmentation in the main process (num_workers=0), small CNN
@@ -30,7 +30,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import probe
+from gputop_dl import probe
 
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall", "bench")
 CROP = 64

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 from rich.text import Text
 
-from probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
-from tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
-from tui.widgets.base import Panel, Part, assemble
+from gputop_dl.probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
+from gputop_dl.tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
+from gputop_dl.tui.widgets.base import Panel, Part, assemble
 
 MIN_CELL = 34  # columns a device needs when two share a row
 MISSING_SOURCES = {"nvml": "no NVIDIA GPU", "hl-smi": "no Gaudi"}

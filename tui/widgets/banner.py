@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from tui.format import fmt_duration, fmt_share
-from tui.state import INSTRUMENT_HINT, OUR_PROTOCOL, RunSummary, upgrade_advice
-from tui.widgets.base import Panel, wrap
+from gputop_dl.tui.format import fmt_duration, fmt_share
+from gputop_dl.tui.state import INSTRUMENT_HINT, OUR_PROTOCOL, RunSummary, upgrade_advice
+from gputop_dl.tui.widgets.base import Panel, wrap
 
 if TYPE_CHECKING:
-    from tui.analyzer import Verdict
+    from gputop_dl.tui.analyzer import Verdict
 
 SEVERITIES = ("ok", "info", "warning", "critical", "muted")
 SEVERITY_GLYPHS = {"ok": "✓", "info": "●", "warning": "▲", "critical": "✖", "muted": "■"}

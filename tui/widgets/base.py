@@ -24,7 +24,7 @@ from textual.style import Style as VisualStyle
 from textual.visual import RenderOptions, Visual
 from textual.widget import Widget
 
-from tui.format import stacked_bar
+from gputop_dl.tui.format import stacked_bar
 
 _WRAP_CONSOLE = Console(file=io.StringIO(), width=1000, color_system=None)
 _NULL = Style.null()

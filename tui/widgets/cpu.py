@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from probe.samples import CgroupSample, CpuCore, CpuSample, TrainingProcesses
-from tui.format import TIMES, fmt_pct
-from tui.widgets.base import Panel, Part, assemble
+from gputop_dl.probe.samples import CgroupSample, CpuCore, CpuSample, TrainingProcesses
+from gputop_dl.tui.format import TIMES, fmt_pct
+from gputop_dl.tui.widgets.base import Panel, Part, assemble
 
 SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
 CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from probe.samples import DiskSample
-from tui.format import fmt_pct, fmt_rate
-from tui.widgets.base import Panel
+from gputop_dl.probe.samples import DiskSample
+from gputop_dl.tui.format import fmt_pct, fmt_rate
+from gputop_dl.tui.widgets.base import Panel
 
 MAX_ROWS = 6
 BUSY_HIGH_PCT = 70.0

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from tui.format import fmt_count, fmt_duration, fmt_number
-from tui.state import RunSummary
-from tui.widgets.base import Panel
+from gputop_dl.tui.format import fmt_count, fmt_duration, fmt_number
+from gputop_dl.tui.state import RunSummary
+from gputop_dl.tui.widgets.base import Panel
 
 STATE_GLYPHS = {
     "live": "●",

@@ -8,7 +8,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from tui.state import INSTRUMENT_HINT
+from gputop_dl.tui.state import INSTRUMENT_HINT
 
 HELP_TEXT = f"""\
 **gputop**: a `top` for training runs. Is the accelerator busy, and if not, why?

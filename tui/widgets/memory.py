@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from probe.samples import CgroupSample, MemorySample, PressureSample, SourceStatus
-from tui.format import fmt_bytes, fmt_pct, fmt_rate, fmt_ratio
-from tui.widgets.base import Panel
+from gputop_dl.probe.samples import CgroupSample, MemorySample, PressureSample, SourceStatus
+from gputop_dl.tui.format import fmt_bytes, fmt_pct, fmt_rate, fmt_ratio
+from gputop_dl.tui.widgets.base import Panel
 
 SWAP_ACTIVE_BPS = 1e6  # sustained swap-in above this slows training: shown as a warning
 PRESSURE_HIGH_PCT = 20.0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from tui.format import fmt_age, fmt_count
-from tui.state import ErrorEntry, RunSummary
-from tui.widgets.base import Panel
+from gputop_dl.tui.format import fmt_age, fmt_count
+from gputop_dl.tui.state import ErrorEntry, RunSummary
+from gputop_dl.tui.widgets.base import Panel
 
 
 class StatusLine(Panel):

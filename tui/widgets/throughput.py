@@ -12,7 +12,7 @@ from functools import lru_cache
 from rich.style import Style
 from rich.text import Text
 
-from tui.format import (
+from gputop_dl.tui.format import (
     VERTICAL_EIGHTHS,
     clamp01,
     column_chars,
@@ -21,8 +21,8 @@ from tui.format import (
     fmt_share,
     nice_ceiling,
 )
-from tui.state import BUCKET_S, RunSummary, ThroughputPoint
-from tui.widgets.base import Panel
+from gputop_dl.tui.state import BUCKET_S, RunSummary, ThroughputPoint
+from gputop_dl.tui.widgets.base import Panel
 
 MIN_GUTTER = 6  # fits "wait ┤"
 
