@@ -24,6 +24,19 @@ class LoaderInfo:
     persistent_workers: bool | None = None
     worker_pids: tuple[int, ...] = ()
     dataset_path: str | None = None  # a filesystem path the dataset reads, when known
+    # The type the user handed to watch() when it wraps the DataLoader described above
+    # (e.g. "accelerate.DataLoaderShard", "lightning.CombinedLoader"); None: a plain loader.
+    wrapper: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """The accelerator this process trains on, as the probe knows it (never guessed)."""
+
+    kind: str  # "cuda" or "hpu"
+    index: int | None = None  # physical index (NVML index / hl-smi module id), mapped
+    #   through CUDA_VISIBLE_DEVICES / HABANA_VISIBLE_MODULES; None: cannot be mapped
+    uuid: str | None = None  # "GPU-..." / "MIG-..." when known
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,14 @@ class Hello:
     step_count: int = 0  # steps measured so far
     last_step_end: float | None = None  # Unix time the last step ended
     typical_period_s: float | None = None  # median of the last 30 step periods
+    # Facts the probe knows and the viewer must not guess:
+    loop: str = "not-started"  # "not-started", "in-loop" or "outside" (left the watched loop)
+    loop_since: float | None = None  # Unix time the loop state last changed
+    loop_exit: str | None = None  # how the loop was left: "exhausted", "break", "exception:<Type>"
+    framework: str | None = None  # "lightning", "transformers", "accelerate" or None (plain)
+    cpu_affinity: tuple[int, ...] = ()  # cores this process may run on; () unknown
+    cpu_quota_cores: float | None = None  # cgroup CPU limit in cores; None: none or unknown
+    device: DeviceRef | None = None  # its own accelerator; None: none or unknown
 
 
 @dataclass(frozen=True)
