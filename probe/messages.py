@@ -91,6 +91,9 @@ class StepRecord:
     device_s: float | None = None
     device_idle_s: float | None = None
     phases: tuple[tuple[str, float], ...] = ()  # ("forward", seconds), ...
+    # True: when the host finished queuing this step, the device had already done all the
+    # work queued before it (it caught up and waited for the host); None: no device timing.
+    device_caught_up: bool | None = None
 
     @property
     def compute_s(self) -> float:
@@ -116,6 +119,17 @@ class System:
 
 
 @dataclass(frozen=True)
+class Loop:
+    """The training thread entered or left a watched loop (an epoch starts or ends)."""
+
+    source_id: str
+    state: str  # "in-loop" or "outside"
+    time: float  # Unix seconds
+    step_index: int  # steps measured before this event
+    how: str | None = None  # when leaving: "exhausted", "break" or "exception:<Type>"
+
+
+@dataclass(frozen=True)
 class Bye:
     """The publisher is going away (normal exit, exception in the loop, signal)."""
 
@@ -124,4 +138,4 @@ class Bye:
     steps: int
 
 
-Message = Hello | Steps | System | Bye
+Message = Hello | Steps | System | Loop | Bye

@@ -18,7 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import msgpack
 
 from gputop_dl.probe import messages, samples
-from gputop_dl.probe.messages import Bye, Hello, Message, Steps, System
+from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Steps, System
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0
@@ -27,7 +27,13 @@ MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 MAX_ITEMS = 100_000  # any list
 MAX_STR = 4096
 
-KINDS: dict[str, type[Any]] = {"hello": Hello, "steps": Steps, "system": System, "bye": Bye}
+KINDS: dict[str, type[Any]] = {
+    "hello": Hello,
+    "steps": Steps,
+    "system": System,
+    "loop": Loop,
+    "bye": Bye,
+}
 KIND_OF: dict[type[Any], str] = {cls: kind for kind, cls in KINDS.items()}
 
 
