@@ -3,7 +3,13 @@
 Each probe binds an ipc socket in a per-user runtime directory (mode 0700, so only the
 same user on the same host can connect) and writes a small JSON record beside it.
 ``gputop`` with no argument reads the records of live processes. Records of dead
-processes are removed by whoever finds them.
+processes, of reused pids, and records that cannot be read are removed by whoever finds
+them.
+
+The directory may sit in a world-writable place (``/tmp``), so nothing here follows a
+symlink: the directory is checked with ``lstat``, every file is opened with
+``O_NOFOLLOW`` (and created with ``O_EXCL`` under an unpredictable name), and a default
+directory that someone else has taken is skipped for a private fallback instead of used.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
+import socket
 import stat
 import tempfile
 from dataclasses import asdict, dataclass
@@ -18,6 +26,11 @@ from pathlib import Path
 
 ENV_RUNTIME_DIR = "GPUTOP_RUNTIME_DIR"
 RECORD_SUFFIX = ".json"
+MAX_RECORD_BYTES = 4096  # a record is ~200 bytes; anything bigger is not ours
+MAX_RECORDS = 1024  # records read per scan; a directory stuffed with more is cut short
+PID_REUSE_SLACK_S = 2.0  # a process created this long after the record's start is another one
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class DiscoveryError(Exception):
@@ -34,31 +47,83 @@ class Record:
     started: float
 
 
+def _candidates() -> tuple[list[Path], bool]:
+    """Runtime directories to try, best first; True when the user chose the only one."""
+    base = os.environ.get(ENV_RUNTIME_DIR)
+    if base:
+        return [Path(base)], True
+    paths = []
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        paths.append(Path(os.environ["XDG_RUNTIME_DIR"]) / "gputop")
+    paths.append(Path(tempfile.gettempdir()) / f"gputop-{os.getuid()}")
+    # Last resort when /tmp/gputop-<uid> is taken by someone else: under the home
+    # directory, which other users cannot plant anything in. Per host, because a home on
+    # NFS is shared by nodes whose sockets are not.
+    paths.append(Path.home() / ".cache" / "gputop" / f"run-{socket.gethostname()}")
+    return paths, False
+
+
+def _problem(path: Path) -> str | None:
+    """Why ``path`` is not a safe private directory (None: it is, or does not exist)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot inspect {path}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid != os.getuid():
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return f"{path} is open to other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _make_private(path: Path) -> str | None:
+    """Create ``path`` 0700 if missing; the reason it is unusable, or None."""
+    problem = _problem(path)
+    if problem is not None:
+        return problem
+    if not os.path.lexists(path):
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass  # created by a racing process: checked below like any other
+        except OSError as exc:
+            return f"cannot create {path}: {exc.strerror}"
+    return _problem(path)
+
+
 def runtime_dir(create: bool = True) -> Path:
     """The per-user directory for sockets and records, created 0700 if missing.
 
-    Refuses a directory that another user owns or that others can enter, because its
-    sockets would then be reachable by them.
+    Refuses a directory that is a symlink, that another user owns or that others can
+    enter, because its sockets would then be reachable by them. A directory chosen with
+    ``$GPUTOP_RUNTIME_DIR`` is used or refused; a default one that is taken is skipped.
     """
-    base = os.environ.get(ENV_RUNTIME_DIR)
-    if base:
-        path = Path(base)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "gputop"
-    else:
-        path = Path(tempfile.gettempdir()) / f"gputop-{os.getuid()}"
-    if create:
-        try:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise DiscoveryError(f"cannot create {path}: {exc.strerror}") from None
-    if path.exists():
-        st = path.stat()
-        if st.st_uid != os.getuid():
-            raise DiscoveryError(f"{path} belongs to another user (uid {st.st_uid})")
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            raise DiscoveryError(f"{path} is open to other users (mode {st.st_mode & 0o777:o})")
-    return path
+    paths, explicit = _candidates()
+    reasons = []
+    for path in paths:
+        problem = _make_private(path) if create else _problem(path)
+        if problem is None:
+            return path
+        reasons.append(problem)
+        if explicit:
+            break
+    raise DiscoveryError("; ".join(reasons))
+
+
+def runtime_dir_problem() -> str | None:
+    """Why discovery finds nothing because of the directory itself (None: no problem)."""
+    try:
+        runtime_dir(create=False)
+    except DiscoveryError as exc:
+        return str(exc)
+    return None
 
 
 def ipc_endpoint(pid: int) -> str:
@@ -66,14 +131,25 @@ def ipc_endpoint(pid: int) -> str:
 
 
 def register(record: Record) -> Path:
-    """Write the record atomically (readers never see half a file)."""
+    """Write the record atomically (readers never see half a file).
+
+    The temporary file has an unpredictable name and is created with O_EXCL|O_NOFOLLOW, so
+    a planted file or symlink is never written through; ``os.replace`` swaps the name
+    itself, never following a symlink at the final path.
+    """
     directory = runtime_dir()
     final = directory / f"{record.pid}{RECORD_SUFFIX}"
-    tmp = directory / f".{record.pid}{RECORD_SUFFIX}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(record), f)
-    os.replace(tmp, final)
+    tmp = directory / f".{record.pid}.{secrets.token_hex(8)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(record), f)
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return final
 
 
@@ -84,14 +160,53 @@ def unregister(pid: int) -> None:
         (directory / f"{pid}.sock").unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def _alive(record: Record) -> bool:
+    """The record's process still runs (and is the same process, not a reused pid)."""
     try:
-        os.kill(pid, 0)
+        os.kill(record.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    except (OverflowError, ValueError):
+        return False
+    try:
+        import psutil
+
+        created = psutil.Process(record.pid).create_time()
+    except Exception:  # psutil missing or the process went away meanwhile
+        return True
+    return created <= record.started + PID_REUSE_SLACK_S
+
+
+def _read_record(path: Path) -> Record:
+    """Parse one record file; ValueError/OSError for anything that is not a record."""
+    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"{st.st_size} bytes")
+        data = json.loads(f.read(MAX_RECORD_BYTES + 1))
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    record = Record(
+        endpoint=str(data["endpoint"]),
+        pid=int(data["pid"]),
+        host=str(data["host"]),
+        name=str(data["name"]),
+        role=str(data.get("role", "probe")),
+        started=float(data["started"]),
+    )
+    if record.pid <= 0 or not record.endpoint.startswith(("ipc://", "tcp://")):
+        raise ValueError("invalid pid or endpoint")
+    return record
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def discover() -> list[Record]:
@@ -100,24 +215,22 @@ def discover() -> list[Record]:
         directory = runtime_dir(create=False)
     except DiscoveryError:
         return []
-    if not directory.is_dir():
-        return []
     found = []
-    for path in directory.glob(f"*{RECORD_SUFFIX}"):
+    try:
+        names = [e.name for e in os.scandir(directory) if e.name.endswith(RECORD_SUFFIX)]
+    except OSError:
+        return []
+    for name in names[:MAX_RECORDS]:
+        path = directory / name
         try:
-            data = json.loads(path.read_text())
-            record = Record(
-                endpoint=str(data["endpoint"]),
-                pid=int(data["pid"]),
-                host=str(data["host"]),
-                name=str(data["name"]),
-                role=str(data.get("role", "probe")),
-                started=float(data["started"]),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
+            record = _read_record(path)
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):
+            _remove(path)  # unreadable now is unreadable at every later scan
             continue
-        if _alive(record.pid):
+        if _alive(record):
             found.append(record)
         else:
-            unregister(record.pid)
+            _remove(path)
+            if record.endpoint == f"ipc://{directory / f'{record.pid}.sock'}":
+                _remove(directory / f"{record.pid}.sock")
     return sorted(found, key=lambda r: r.started)
