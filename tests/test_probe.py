@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 
 from gputop_dl import probe
 from gputop_dl.probe import discovery
@@ -335,11 +336,14 @@ def test_stale_records_of_dead_processes_are_removed(runtime_dir: Path) -> None:
 
 def test_failure_inside_probe_logs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
-    first = probe.Probe(listen=f"tcp://127.0.0.1:{port}", system_interval_s=0)
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PUB)
+    squatter.bind(f"tcp://127.0.0.1:{port}")
     with caplog.at_level(logging.WARNING, logger="gputop.probe"):
         second = probe.Probe(listen=f"tcp://127.0.0.1:{port}", system_interval_s=0)
         assert list(second.watch(range(3))) == [0, 1, 2]
-    first.close()
+    squatter.close(0)
+    ctx.term()
     assert not second.enabled and "Address already in use" in (second.error or "")
     assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
 

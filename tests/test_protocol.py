@@ -107,7 +107,7 @@ def test_newer_minor_version_with_unknown_fields_is_read() -> None:
 
 def test_missing_optional_fields_take_defaults() -> None:
     data = {
-        "v": [1, 0],
+        "v": [PROTOCOL_MAJOR, 0],
         "kind": "steps",
         "body": {"source_id": "a", "records": [], "sent": 0, "dropped": 0},
     }
@@ -117,10 +117,10 @@ def test_missing_optional_fields_take_defaults() -> None:
 
 def test_unknown_major_version_is_a_clear_error_with_both_versions() -> None:
     with pytest.raises(IncompatibleVersion) as info:
-        decode(payload(v=(2, 3)))
-    assert info.value.theirs == (2, 3)
+        decode(payload(v=(3, 3)))
+    assert info.value.theirs == (3, 3)
     assert info.value.source_id == "h:1"
-    assert "2.3" in str(info.value) and f"{PROTOCOL_MAJOR}." in str(info.value)
+    assert "3.3" in str(info.value) and f"{PROTOCOL_MAJOR}." in str(info.value)
 
 
 MALFORMED = {
@@ -128,7 +128,7 @@ MALFORMED = {
     "three frames": [b"gputop.bye", b"", b""],
     "foreign topic": [b"other", msgpack.packb({})],
     "not msgpack": [b"gputop.bye", b"\xc1\xc1\xc1"],
-    "trailing bytes": [b"gputop.bye", msgpack.packb({"v": [1, 0]}) + b"\x00"],
+    "trailing bytes": [b"gputop.bye", msgpack.packb({"v": [PROTOCOL_MAJOR, 0]}) + b"\x00"],
     "pickle": [b"gputop.bye", b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94."],
     "not a map": [b"gputop.bye", msgpack.packb([1, 2])],
     "no version": [b"gputop.bye", msgpack.packb({"kind": "bye", "body": {}})],
@@ -136,10 +136,10 @@ MALFORMED = {
     "bool version": [b"gputop.bye", msgpack.packb({"v": [True, 0], "kind": "bye"})],
     "unknown kind": payload(kind="shout"),
     "topic/kind mismatch": [b"gputop.steps", payload()[1]],
-    "body not a map": [b"gputop.bye", msgpack.packb({"v": [1, 0], "kind": "bye", "body": 3})],
+    "body not a map": [b"gputop.bye", msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": "bye", "body": 3})],
     "missing field": [
         b"gputop.bye",
-        msgpack.packb({"v": [1, 0], "kind": "bye", "body": {"source_id": "a"}}),
+        msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": "bye", "body": {"source_id": "a"}}),
     ],
     "wrong type": payload(steps="many"),
     "bool for int": payload(steps=True),
@@ -199,7 +199,7 @@ json_like = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(kind=st.sampled_from(["hello", "steps", "system", "bye"]), body=json_like)
 def test_fuzz_structured_bodies_only_raise_protocol_errors(kind: str, body: object) -> None:
-    frames = [b"gputop." + kind.encode(), msgpack.packb({"v": [1, 0], "kind": kind, "body": body})]
+    frames = [b"gputop." + kind.encode(), msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": kind, "body": body})]
     # Anything but a ProtocolError (or no error) fails the test.
     with contextlib.suppress(ProtocolError):
         decode(frames)
