@@ -52,9 +52,9 @@ REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a sec
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
 # device_caught_up: the device reached the end-of-step event within this lag of the host
-# recording it (CUDA event timestamps have ~0.5 us resolution; see docs/protocol.md).
+# recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
 CAUGHT_UP_TOLERANCE_S = 100e-6
-CAUGHT_UP_TOLERANCE_FRACTION = 0.02
+CAUGHT_UP_TOLERANCE_FRACTION = 0.10
 
 # Forked children (DataLoader workers) must never touch the parent's sockets or threads.
 _forked_child = False
@@ -518,7 +518,7 @@ class Probe:
         last_end: float | None = None
         periods: deque[float] = deque(maxlen=30)
         busy = True
-        prev: list[Any] = [None, None]  # the last drained step's (ev_end, t_next)
+        prev: list[Any] = [None, None, None]  # the last drained step's ev_end, t_next, period
         self._gather_facts()
 
         def send(frames: list[bytes]) -> None:
@@ -636,7 +636,7 @@ class Probe:
             raw, queued = pending[0]
             index, t0, t1, t_next, n, phases, ev_start, ev_end = raw
             device_s = idle_s = caught_up = None
-            ev_prev_end, t_prev_end = prev
+            ev_prev_end, t_prev_end, prev_period = prev
             if ev_end is not None and timer is not None:
                 try:
                     done = timer.ready(ev_prev_end, ev_start, ev_end)
@@ -649,9 +649,9 @@ class Probe:
                         device_s = _non_negative(timer.elapsed_s(ev_start, ev_end))
                         idle_s = _non_negative(timer.elapsed_s(ev_prev_end, ev_start))
                         if t1 >= 0 and t_prev_end is not None:
-                            caught_up = caught_up_at_start(t1 - t_prev_end, idle_s)
+                            caught_up = caught_up_at_start(t1 - t_prev_end, idle_s, prev_period)
             pending.popleft()
-            prev[0], prev[1] = ev_end, t_next
+            prev[0], prev[1], prev[2] = ev_end, t_next, t_next - t0
             out.append(
                 (
                     index,
@@ -668,9 +668,11 @@ class Probe:
         return out
 
 
-def caught_up_at_start(host_gap_s: float, device_idle_s: float | None) -> bool | None:
-    """Was the device done with everything queued when the host recorded the previous
-    step's end event?
+def caught_up_at_start(
+    host_gap_s: float, device_idle_s: float | None, prev_period_s: float | None
+) -> bool | None:
+    """Was the device done with everything queued when the host finished the previous
+    step (recorded its end event)?
 
     ``host_gap_s`` is the host time between recording the previous step's end event and
     this step's start event (the data wait), ``device_idle_s`` the device time between
@@ -678,15 +680,16 @@ def caught_up_at_start(host_gap_s: float, device_idle_s: float | None) -> bool |
     event at max(its arrival at the end event, the start's recording): the gap it shows
     is ``max(0, host_gap - lag)``, where ``lag`` is how far the device was behind the host
     at the end event. A positive gap therefore gives ``lag = host_gap - device_idle``
-    exactly; a lag within timer noise means the device had caught up and was waiting for
-    the host. A zero gap only says the lag was at least the host gap: not caught up.
+    exactly; a zero gap says the lag was at least the host gap. Caught up: a lag of at
+    most 10 % of the previous step's period (the kernel still running when the host
+    finishes a launch-bound step) or 0.1 ms (timer resolution, the cost of a record).
     """
-    if device_idle_s is None or host_gap_s < 0:
+    if device_idle_s is None or host_gap_s < 0 or prev_period_s is None:
         return None
     if device_idle_s <= 0.0:
         return False
     lag = host_gap_s - device_idle_s
-    return lag <= CAUGHT_UP_TOLERANCE_S + CAUGHT_UP_TOLERANCE_FRACTION * host_gap_s
+    return lag <= max(CAUGHT_UP_TOLERANCE_S, CAUGHT_UP_TOLERANCE_FRACTION * prev_period_s)
 
 
 # --------------------------------------------------------------------- helpers
