@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, loader
@@ -39,7 +40,9 @@ ENV_LISTEN = "GPUTOP_LISTEN"
 ENV_NAME = "GPUTOP_NAME"
 ENV_DISABLE = "GPUTOP_DISABLE"
 ENV_DATA_PATH = "GPUTOP_DATA_PATH"
-MAX_BUFFERED_STEPS = 50_000  # ~ minutes of fast steps if the publisher thread stalls
+# Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
+# this the oldest are dropped, and counted from the gap in step indices.
+MAX_BUFFERED_STEPS = 50_000
 IDLE_FLUSH_S = 0.5  # publisher period while no step arrives (agents, evaluation, hangs)
 HELLO_EVERY_S = 2.0  # late subscribers learn who we are within this time
 DEVICE_EVENT_TIMEOUT_S = 5.0
@@ -67,8 +70,8 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-# (index, t0, t1, t_next, samples, phases, ev_start, ev_end)
-_Raw = tuple[int, float, float, float, Any, Any, Any, Any]
+# (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
+_Raw = tuple[int, float, float, float, Any, Any, Any]
 # A step record in its wire form (StepRecord field order, docs/protocol.md).
 _Wire = tuple[int, float, float, float | None, Any, Any, Any, Any, Any]
 
@@ -88,8 +91,9 @@ class Phase:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        phases = self._probe._phases
-        phases[self._name] = phases.get(self._name, 0.0) + time.perf_counter() - self._t0
+        # Logged against the open step's index; the publisher thread sums them per step.
+        p = self._probe
+        p._phase_log.append((p._index, self._name, time.perf_counter() - self._t0))
 
 
 _current: Probe | None = None
@@ -167,12 +171,10 @@ class Probe:
         self._sample_host = (self._local_rank in (None, 0)) if sample_host is None else sample_host
 
         # Training-thread state. Only the training thread writes these.
-        self._steps: deque[_Raw] = deque()
+        self._steps: deque[_Raw] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._index = 0
-        self._dropped_steps = 0
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
-        self._phases: dict[str, float] = {}
-        self._samples_override: int | None = None
+        self._phase_log: deque[tuple[int, str, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._last_mark: float | None = None
         self._timer: CudaTimer | None = None
         self._timing = "host"
@@ -379,31 +381,21 @@ class Probe:
             return None
 
     def _close_step(self, t_next: float) -> None:
-        # The hot path: a handful of attribute reads and one append (profiled; see
-        # bench/probe_overhead.py). Everything else happens on the publisher thread.
+        # The hot path: one unpack, one append (profiled; see bench/probe_overhead.py).
+        # Phases, overflow and everything else are the publisher thread's business.
         t0, t1, n, ev_start = self._open  # type: ignore[misc]
         self._open = None
-        if self._samples_override is not None:
-            n, self._samples_override = self._samples_override, None
-        phases = self._phases
-        if phases:
-            self._phases = {}
-        steps = self._steps
-        if len(steps) < MAX_BUFFERED_STEPS:
-            steps.append(
-                (
-                    self._index,
-                    t0,
-                    t1,
-                    t_next,
-                    n,
-                    phases or None,
-                    ev_start,
-                    None if self._timer is None else self._record_event(),
-                )
+        self._steps.append(
+            (
+                self._index,
+                t0,
+                t1,
+                t_next,
+                n,
+                ev_start,
+                None if self._timer is None else self._record_event(),
             )
-        else:
-            self._dropped_steps += 1
+        )
         self._index += 1
 
     def step(self, samples: int | None = None) -> None:
@@ -413,31 +405,18 @@ class Probe:
         """
         if not self.enabled or _forked_child:
             return
-        if self._open is not None:
-            self._samples_override = _as_count(samples)
+        opened = self._open
+        if opened is not None:
+            self._open = (opened[0], opened[1], _as_count(samples), opened[3])
             return
         now = time.perf_counter()
         if self._last_mark is not None:
             if self._timing_checks < 3:
                 self._check_timing()
-            phases = self._phases or None
-            self._phases = {}
-            if len(self._steps) < MAX_BUFFERED_STEPS:
-                # t1 < 0 says "no data-wait measurement" for explicitly marked steps
-                self._steps.append(
-                    (
-                        self._index,
-                        self._last_mark,
-                        -1.0,
-                        now,
-                        _as_count(samples),
-                        phases,
-                        None,
-                        None,
-                    )
-                )
-            else:
-                self._dropped_steps += 1
+            # t1 < 0 says "no data-wait measurement" for explicitly marked steps
+            self._steps.append(
+                (self._index, self._last_mark, -1.0, now, _as_count(samples), None, None)
+            )
             self._index += 1
         self._last_mark = now
 
@@ -518,7 +497,7 @@ class Probe:
         assert pub is not None
         counters = [0, 0]  # sent, dropped
         wall_offset = time.time() - time.perf_counter()
-        pending: deque[tuple[_Raw, float]] = deque()  # waiting for CUDA events
+        drain = _DrainState()
         history: deque[_Wire] = deque(maxlen=HISTORY_MAX_STEPS)
         systems: deque[list[bytes]] = deque(maxlen=HISTORY_SYSTEMS)
         last_hello = last_extra_hello = 0.0
@@ -528,7 +507,6 @@ class Probe:
         last_end: float | None = None
         periods: deque[float] = deque(maxlen=30)
         busy = True
-        prev: list[Any] = [None, None, None]  # the last drained step's ev_end, t_next, period
         self._gather_facts()
 
         def send(frames: list[bytes]) -> None:
@@ -550,7 +528,7 @@ class Probe:
             for i in range(0, len(records), RECORDS_PER_MESSAGE):
                 chunk = records[i : i + RECORDS_PER_MESSAGE]
                 sent, dropped = counters
-                send(encode_steps(self.source_id, chunk, sent, dropped, self._dropped_steps))
+                send(encode_steps(self.source_id, chunk, sent, dropped, drain.dropped_steps))
 
         def send_hello() -> None:
             typical = statistics.median(periods) if periods else None
@@ -568,8 +546,8 @@ class Probe:
                     if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
                         last_extra_hello = now
                         self._hello_dirty.set()
-                records = self._drain(pending, prev, wall_offset, force=stopping)
-                busy = bool(records or pending or self._steps)
+                records = self._drain(drain, wall_offset, force=stopping)
+                busy = bool(records or drain.pending or self._steps)
                 if records:
                     published += len(records)
                     last_end = records[-1][1]
@@ -616,40 +594,55 @@ class Probe:
         time.sleep(0.05)
         pub.close()
 
-    def _drain(
-        self, pending: deque[tuple[_Raw, float]], prev: list[Any], wall_offset: float, force: bool
-    ) -> list[_Wire]:
+    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> list[_Wire]:
+        """Turn what the training thread queued into wire records (publisher thread)."""
         steps = self._steps
+        raws = [steps.popleft() for _ in range(len(steps))]
+        log = self._phase_log
+        phases = st.phases
+        for _ in range(len(log)):  # after the steps: a step's phases are logged before it
+            index, name, seconds = log.popleft()
+            per_step = phases.setdefault(index, {})
+            per_step[name] = per_step.get(name, 0.0) + seconds
+        if raws:
+            # The buffer drops its oldest steps when full: a gap before the first index.
+            st.dropped_steps += max(0, raws[0][0] - st.next_index)
+            st.next_index = raws[-1][0] + 1
         timer = self._timer
-        if timer is None and not pending:
-            # Host timing: one comprehension over the raw tuples, nothing per step else.
-            raws = [steps.popleft() for _ in range(len(steps))]
+        if timer is None and not st.pending:
+            # Host timing: one comprehension over the raw tuples, nothing else per step.
+            if phases:
+                with_phases: list[_Wire] = [
+                    (
+                        i,
+                        tn + wall_offset,
+                        tn - t0,
+                        None if t1 < 0 else t1 - t0,
+                        n,
+                        None,
+                        None,
+                        _phase_items(phases.pop(i, None)),
+                        None,
+                    )
+                    for i, t0, t1, tn, n, _s, _e in raws
+                ]
+                _forget_before(phases, st.next_index)
+                return with_phases
             return [
-                (
-                    i,
-                    tn + wall_offset,
-                    tn - t0,
-                    None if t1 < 0 else t1 - t0,
-                    n,
-                    None,
-                    None,
-                    tuple(ph.items()) if ph else (),
-                    None,
-                )
-                for i, t0, t1, tn, n, ph, _s, _e in raws
+                (i, tn + wall_offset, tn - t0, None if t1 < 0 else t1 - t0, n, None, None, (), None)
+                for i, t0, t1, tn, n, _s, _e in raws
             ]
         now = time.monotonic()
-        while steps:
-            pending.append((steps.popleft(), now))
+        pending = st.pending
+        pending.extend((raw, now) for raw in raws)
         out: list[_Wire] = []
         while pending:
             raw, queued = pending[0]
-            index, t0, t1, t_next, n, phases, ev_start, ev_end = raw
+            index, t0, t1, t_next, n, ev_start, ev_end = raw
             device_s = idle_s = caught_up = None
-            ev_prev_end, t_prev_end, prev_period = prev
             if ev_end is not None and timer is not None:
                 try:
-                    done = timer.ready(ev_prev_end, ev_start, ev_end)
+                    done = timer.ready(st.ev_end, ev_start, ev_end)
                 except Exception:
                     done = True
                 if not done and not force and now - queued < DEVICE_EVENT_TIMEOUT_S:
@@ -657,11 +650,11 @@ class Probe:
                 if done:
                     with contextlib.suppress(Exception):
                         device_s = _non_negative(timer.elapsed_s(ev_start, ev_end))
-                        idle_s = _non_negative(timer.elapsed_s(ev_prev_end, ev_start))
-                        if t1 >= 0 and t_prev_end is not None:
-                            caught_up = caught_up_at_start(t1 - t_prev_end, idle_s, prev_period)
+                        idle_s = _non_negative(timer.elapsed_s(st.ev_end, ev_start))
+                        if t1 >= 0 and st.t_end is not None:
+                            caught_up = caught_up_at_start(t1 - st.t_end, idle_s, st.period)
             pending.popleft()
-            prev[0], prev[1], prev[2] = ev_end, t_next, t_next - t0
+            st.ev_end, st.t_end, st.period = ev_end, t_next, t_next - t0
             out.append(
                 (
                     index,
@@ -671,11 +664,36 @@ class Probe:
                     n,
                     device_s,
                     idle_s,
-                    tuple(phases.items()) if phases else (),
+                    _phase_items(phases.pop(index, None)),
                     caught_up,
                 )
             )
+        if out:
+            _forget_before(phases, out[-1][0])
         return out
+
+
+@dataclass
+class _DrainState:
+    """What the publisher thread carries from one drain to the next."""
+
+    pending: deque[tuple[_Raw, float]] = field(default_factory=deque)  # awaiting events
+    phases: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> name -> s
+    next_index: int = 0
+    dropped_steps: int = 0
+    ev_end: Any = None  # the last drained step's end event, its host time and period
+    t_end: float | None = None
+    period: float | None = None
+
+
+def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, float], ...]:
+    return tuple(per_step.items()) if per_step else ()
+
+
+def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:
+    """Drop phases of steps that will never be published (left open by a break)."""
+    for stale in [i for i in phases if i < index]:
+        del phases[stale]
 
 
 def caught_up_at_start(

@@ -4,13 +4,11 @@ training meets, that nothing synchronizes the device, and the device-index mappi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from gputop_dl.probe.core import Probe, caught_up_at_start
+from gputop_dl.probe.core import Probe, _DrainState, caught_up_at_start
 from gputop_dl.probe.device_timing import CudaTimer, device_ref
 from gputop_dl.probe.messages import DeviceRef, StepRecord
 from tests.fakes.fake_cuda import Device, fake_torch
@@ -38,7 +36,7 @@ def run_steps(
         work(device)
         p._close_step(device.now)
     device.host(10.0)  # long after: every event has completed
-    wire = p._drain(deque(), [None, None, None], 0.0, force=False)
+    wire = p._drain(_DrainState(), 0.0, force=False)
     assert device.syncs == 0  # the probe never synchronizes
     return [StepRecord(*w) for w in wire]
 
@@ -119,12 +117,11 @@ def test_incomplete_events_hold_records_back_without_blocking(
         p._open_step(t0, device.now, 1)
         gpu_bound(device)
         p._close_step(device.now)
-    pending: deque[Any] = deque()
-    prev: list[Any] = [None, None, None]
-    assert p._drain(pending, prev, 0.0, force=False) == []  # device still busy
-    assert len(pending) == 3 and device.syncs == 0
+    state = _DrainState()
+    assert p._drain(state, 0.0, force=False) == []  # device still busy
+    assert len(state.pending) == 3 and device.syncs == 0
     device.host(1.0)
-    assert [w[0] for w in p._drain(pending, prev, 0.0, force=False)] == [0, 1, 2]
+    assert [w[0] for w in p._drain(state, 0.0, force=False)] == [0, 1, 2]
 
 
 CAUGHT_UP = [

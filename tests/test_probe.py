@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,21 @@ import zmq
 
 from gputop_dl import probe
 from gputop_dl.probe import discovery
+from gputop_dl.probe.core import current
 from gputop_dl.probe.loader import infer_samples
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_probe_left_behind() -> Iterator[None]:
+    """A probe a test forgot would be every later test's probe (one per process)."""
+    yield
+    live = current()
+    if live is not None:
+        live.close()
 
 
 def free_port() -> int:
@@ -494,7 +505,7 @@ def test_a_large_backlog_is_split_into_small_messages() -> None:
     p = tcp_probe("backlog", system_interval_s=0)
     reader = attached(p)
     t = time.perf_counter()
-    raws = [(i, t, t, t + 0.001, 1, None, None, None) for i in range(10_000)]
+    raws = [(i, t, t, t + 0.001, 1, None, None) for i in range(10_000)]
     p._steps.extend(raws)  # as if the publisher had stalled for a while
     p._index = 10_000
     reader.pump(2.0)
@@ -551,3 +562,19 @@ def test_a_subscription_bomb_does_not_grow_the_training_process() -> None:
     ctx.term()
     assert p._index == steps_before + 1000
     assert grown < 64 * 1024 * 1024, f"RSS grew by {grown / 1e6:.0f} MB"
+
+
+def test_a_full_buffer_drops_the_oldest_steps_and_counts_them() -> None:
+    from collections import deque
+
+    p = tcp_probe("overflow", system_interval_s=0)
+    reader = attached(p)
+    p._steps = deque(maxlen=100)
+    t = time.perf_counter()
+    p._steps.extend((i, t, t, t + 0.001, 1, None, None) for i in range(150))
+    p._index = 150
+    reader.pump(1.0)
+    p.close()
+    reader.close()
+    assert {r["index"] for r in reader.steps()} == set(range(50, 150))
+    assert reader.of_kind("steps")[-1]["dropped_steps"] == 50
