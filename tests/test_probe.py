@@ -37,6 +37,7 @@ def _no_probe_left_behind() -> Iterator[None]:
     live = current()
     if live is not None:
         live.close()
+    WireReader.close_all()
 
 
 def free_port() -> int:

@@ -28,6 +28,8 @@ KNOWN_KINDS = {"hello", "steps", "system", "loop", "bye"}
 
 
 class WireReader:
+    open_readers: list[WireReader] = []  # closed by tests' teardown if a test failed
+
     def __init__(self, endpoint: str) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -35,6 +37,8 @@ class WireReader:
         self.sock.setsockopt(zmq.SUBSCRIBE, b"gputop.")
         self.sock.connect(endpoint)
         self.messages: list[dict[str, Any]] = []
+        self.closed = False
+        WireReader.open_readers.append(self)
 
     def pump(self, seconds: float, until: str | None = None) -> list[dict[str, Any]]:
         """Read for ``seconds`` (or until a message of kind ``until``); return the new
@@ -67,5 +71,16 @@ class WireReader:
         return [r for body in self.of_kind("steps") for r in body["records"]]
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.sock.close(0)
         self.ctx.term()
+        WireReader.open_readers.remove(self)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """A reader left open is garbage-collected later, and pyzmq's context finalizer
+        can then block the whole test session: close them deterministically."""
+        for reader in list(cls.open_readers):
+            reader.close()
