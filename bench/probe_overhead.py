@@ -7,16 +7,26 @@ subscriber attached (in this parent process, so its cost is not counted) and sto
 clock only after ``probe.close()`` has flushed and sent everything: the publisher
 thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
 
+On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
+probe's cost, so the second section also profiles the probe's own parts in this process
+(CPU time of the calling thread, repeated): the training-thread path (``_open_step`` +
+``_close_step``, what ``watch`` adds around ``next()``) and the publisher's per-step
+work (drain to wire records, msgspec encoding, history).
+
     python bench/probe_overhead.py [pairs]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
 import time
 
+from gputop_dl.probe.core import Probe, _DrainState
+from gputop_dl.probe.loader import infer_samples
+from gputop_dl.probe.protocol import encode_steps
 from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
@@ -102,6 +112,56 @@ def spread(values: list[float]) -> str:
     )
 
 
+def per_call_us(fn: object, n: int, repeats: int = 15) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        fn()  # type: ignore[operator]
+        out.append((time.thread_time() - c0) / n * 1e6)
+    return out
+
+
+def components() -> None:
+    import numpy as np
+
+    os.environ["GPUTOP_DISABLE"] = "1"  # no publisher thread: parts are driven by hand
+    p = Probe(name="parts")
+    p._timing_checks = 3
+    n = 20_000
+    t = time.perf_counter()
+
+    def training_path() -> None:
+        for _ in range(n):
+            p._open_step(t, t, 32)
+            p._close_step(t)
+
+    batch = (np.zeros((32, 3)), np.zeros(32))
+
+    def sample_inference() -> None:
+        for _ in range(n):
+            infer_samples(batch)
+
+    def publisher() -> None:
+        p._steps.clear()
+        p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
+        c0 = time.thread_time()
+        records = p._drain(_DrainState(), 0.0, force=False)
+        for i in range(0, n, 2000):
+            encode_steps("host:1", records[i : i + 2000], 0, 0, 0)
+        # the extend above is the training thread's work: keep it out of the figure
+        publisher_s.append(time.thread_time() - c0)
+
+    publisher_s: list[float] = []
+    print("probe parts, CPU per step in this process (15 repeats of 20000)")
+    print(f"  training thread, _open_step + _close_step: {spread(per_call_us(training_path, n))}")
+    inference = per_call_us(sample_inference, n)
+    print(f"  training thread, sample inference (loader): {spread(inference)}")
+    for _ in range(15):
+        publisher()
+    drained = [x / n * 1e6 for x in publisher_s]
+    print(f"  publisher thread, drain + encode:          {spread(drained)}")
+
+
 def main() -> None:
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
     cpu_costs, wall_costs, bare_steps = [], [], []
@@ -117,6 +177,7 @@ def main() -> None:
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
+    components()
 
 
 if __name__ == "__main__":
