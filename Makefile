@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench screenshots clean
+.PHONY: help demo test lint bench fuzz screenshots clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/accel_cost.py
 	$(BIN)/python bench/demo_throughput.py
 	$(BIN)/python bench/viewer_cpu.py
+
+fuzz: $(STAMP)  ## decode 1,000,000 mutated protocol payloads (fixed seed): only protocol errors
+	GPUTOP_FUZZ_N=1000000 $(BIN)/pytest -q tests/test_protocol.py -k mutated
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
 	$(BIN)/python tools/screenshots.py screenshots

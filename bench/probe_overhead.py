@@ -1,58 +1,183 @@
-"""Probe cost per step: ``probe.watch`` + publishing vs the same bare loop.
+"""Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
+same bare loop, in separate interleaved subprocesses.
 
-Both loops run over the same list of batches (a tuple holding a numpy array, so sample
-inference does its usual work); a subscriber is attached, so every step is really
-encoded and sent by the publisher thread. Figures: median of interleaved repeats.
-Goal: <= 5 us per step.
+Each child runs STEPS steps of ~100 us of Python work over a list of batches (a tuple
+holding numpy arrays, so sample inference does its usual work). The probe child has a
+subscriber attached (in this parent process, so its cost is not counted) and stops its
+clock only after ``probe.close()`` has flushed and sent everything: the publisher
+thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
+
+On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
+probe's cost, so the second section also profiles the probe's own parts in this process
+(CPU time of the calling thread, repeated): the training-thread path (``_open_step`` +
+``_close_step``, what ``watch`` adds around ``next()``) and the publisher's per-step
+work (drain to wire records, msgspec encoding, history).
+
+    python bench/probe_overhead.py [pairs]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import time
 
-import numpy as np
-
-from gputop_dl import probe
+from gputop_dl.probe.core import Probe, _DrainState
+from gputop_dl.probe.loader import infer_samples
+from gputop_dl.probe.protocol import encode_steps
 from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
-REPEATS = 15
+PAIRS = 12
 
+CHILD = r"""
+import sys, time
+import numpy as np
+from gputop_dl import probe
 
-def bare(batches: list[object]) -> float:
-    t0 = time.perf_counter()
-    for _ in batches:
-        pass
-    return time.perf_counter() - t0
+STEPS = int(sys.argv[2])
+batches = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
 
+def work():  # ~100 us of Python
+    x = 0
+    for i in range(1200):
+        x += i
+    return x
 
-def watched(p: probe.Probe, batches: list[object]) -> float:
-    t0 = time.perf_counter()
+mode = sys.argv[1]
+if mode == "probe":
+    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
+    print(p.endpoint, flush=True)
+    sys.stdin.readline()  # the parent's subscriber is attached
+    time.sleep(0.5)
+    c0, w0 = time.process_time(), time.perf_counter()
     for _ in p.watch(batches):
-        pass
-    return time.perf_counter() - t0
+        work()
+    w1 = time.perf_counter()
+    p.close()
+    c1 = time.process_time()
+else:
+    print("-", flush=True)
+    sys.stdin.readline()
+    time.sleep(0.5)
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in batches:
+        work()
+    w1 = time.perf_counter()
+    c1 = time.process_time()
+print(c1 - c0, w1 - w0, flush=True)
+"""
+
+
+def run(mode: str) -> tuple[float, float, int]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode, str(STEPS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    endpoint = child.stdout.readline().strip()
+    sub = None
+    if mode == "probe":
+        sub = Subscriber()
+        sub.connect(endpoint)
+        time.sleep(0.3)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    received = 0
+    line = ""
+    while not line:
+        if sub is not None:
+            received += len(sub.receive(0.05, max_messages=100_000))
+        else:
+            time.sleep(0.05)
+        if child.poll() is not None or sub is None:
+            line = child.stdout.readline()
+    if sub is not None:
+        received += len(sub.receive(0.2, max_messages=100_000))
+        sub.close()
+    child.wait()
+    cpu, wall = (float(x) for x in line.split())
+    return cpu, wall, received
+
+
+def spread(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4)
+    return (
+        f"median {statistics.median(values):.2f} us "
+        f"(IQR {q[0]:.2f}..{q[2]:.2f}, min {min(values):.2f}, max {max(values):.2f})"
+    )
+
+
+def per_call_us(fn: object, n: int, repeats: int = 15) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        c0 = time.thread_time()
+        fn()  # type: ignore[operator]
+        out.append((time.thread_time() - c0) / n * 1e6)
+    return out
+
+
+def components() -> None:
+    import numpy as np
+
+    os.environ["GPUTOP_DISABLE"] = "1"  # no publisher thread: parts are driven by hand
+    p = Probe(name="parts")
+    p._timing_checks = 3
+    n = 20_000
+    t = time.perf_counter()
+
+    def training_path() -> None:
+        for _ in range(n):
+            p._open_step(t, t, 32)
+            p._close_step(t)
+
+    batch = (np.zeros((32, 3)), np.zeros(32))
+
+    def sample_inference() -> None:
+        for _ in range(n):
+            infer_samples(batch)
+
+    def publisher() -> None:
+        p._steps.clear()
+        p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
+        c0 = time.thread_time()
+        records = p._drain(_DrainState(), 0.0, force=False)
+        for i in range(0, n, 2000):
+            encode_steps("host:1", records[i : i + 2000], 0, 0, 0)
+        # the extend above is the training thread's work: keep it out of the figure
+        publisher_s.append(time.thread_time() - c0)
+
+    publisher_s: list[float] = []
+    print("probe parts, CPU per step in this process (15 repeats of 20000)")
+    print(f"  training thread, _open_step + _close_step: {spread(per_call_us(training_path, n))}")
+    inference = per_call_us(sample_inference, n)
+    print(f"  training thread, sample inference (loader): {spread(inference)}")
+    for _ in range(15):
+        publisher()
+    drained = [x / n * 1e6 for x in publisher_s]
+    print(f"  publisher thread, drain + encode:          {spread(drained)}")
 
 
 def main() -> None:
-    batches: list[object] = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
-    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
-    sub = Subscriber()
-    sub.connect(p.endpoint or "")
-    time.sleep(0.3)
-    costs = []
-    for _ in range(REPEATS):
-        b = bare(batches)
-        w = watched(p, batches)
-        costs.append((w - b) / STEPS * 1e6)
-        sub.receive(0.0, max_messages=100_000)  # keep the subscriber drained
-    p.close()
-    sub.close()
-    print(
-        f"probe cost per step: median {statistics.median(costs):.2f} us "
-        f"(min {min(costs):.2f}, max {max(costs):.2f}; "
-        f"{REPEATS} x {STEPS} steps, subscriber attached)"
-    )
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
+    cpu_costs, wall_costs, bare_steps = [], [], []
+    for i in range(pairs):
+        order = ("bare", "probe") if i % 2 == 0 else ("probe", "bare")
+        results = {mode: run(mode) for mode in order}
+        (cpu_b, wall_b, _), (cpu_p, wall_p, got) = results["bare"], results["probe"]
+        assert got > 0, "the subscriber received nothing"
+        cpu_costs.append((cpu_p - cpu_b) / STEPS * 1e6)
+        wall_costs.append((wall_p - wall_b) / STEPS * 1e6)
+        bare_steps.append(cpu_b / STEPS * 1e6)
+    print(f"probe cost per step, {pairs} interleaved subprocess pairs x {STEPS} steps")
+    print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
+    print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
+    print(f"  training-thread wall time:             {spread(wall_costs)}")
+    components()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 """The probe that lives in the training process.
 
-The training thread only takes timestamps and appends a tuple to a deque (a few
-microseconds per step). Everything else -- building messages, msgpack, zmq sends, host
-sampling -- runs on background daemon threads, and every failure is turned into one
-warning and a degraded probe: nothing here may raise into, block or slow the loop.
+The training thread only takes timestamps and appends a tuple to a deque (well under a
+microsecond per step). Everything else -- building records, msgspec encoding, zmq sends,
+history replay to late subscribers, host sampling -- runs on background daemon threads,
+and every failure is turned into a (rate-limited) warning and a degraded probe: nothing
+here may raise into, block or slow the loop.
+
+One probe per process: ``Probe(...)`` while a live probe exists returns that probe (with
+a warning when settings differ), so ``Probe(name=...)`` followed by ``probe.watch(...)``
+publishes one run, and two probes never fight over one socket.
 """
 
 from __future__ import annotations
@@ -17,15 +22,15 @@ import statistics
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, loader
-from gputop_dl.probe.device_timing import CudaTimer, detect
-from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
-from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
+from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
+from gputop_dl.probe.protocol import encode, encode_steps
 from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
@@ -35,10 +40,24 @@ ENV_LISTEN = "GPUTOP_LISTEN"
 ENV_NAME = "GPUTOP_NAME"
 ENV_DISABLE = "GPUTOP_DISABLE"
 ENV_DATA_PATH = "GPUTOP_DATA_PATH"
-MAX_BUFFERED_STEPS = 50_000  # ~ minutes of fast steps if the publisher thread stalls
+# Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
+# this the oldest are dropped, and counted from the gap in step indices.
+MAX_BUFFERED_STEPS = 50_000
 IDLE_FLUSH_S = 0.5  # publisher period while no step arrives (agents, evaluation, hangs)
 HELLO_EVERY_S = 2.0  # late subscribers learn who we are within this time
 DEVICE_EVENT_TIMEOUT_S = 5.0
+# History for subscribers that attach late (docs/protocol.md, "History on attach").
+HISTORY_S = 120.0
+HISTORY_MAX_STEPS = 20_000
+HISTORY_SYSTEMS = 60
+RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
+REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
+HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
+WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
+# device_caught_up: the device reached the end-of-step event within this lag of the host
+# recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
+CAUGHT_UP_TOLERANCE_S = 100e-6
+CAUGHT_UP_TOLERANCE_FRACTION = 0.10
 
 # Forked children (DataLoader workers) must never touch the parent's sockets or threads.
 _forked_child = False
@@ -51,8 +70,10 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-# (index, t0, t1, t_next, samples, phases, ev_prev_end, ev_start, ev_end)
-_Raw = tuple[int, float, float, float, Any, Any, Any, Any, Any]
+# (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
+_Raw = tuple[int, float, float, float, Any, Any, Any]
+# A step record in its wire form (StepRecord field order, docs/protocol.md).
+_Wire = tuple[int, float, float, float | None, Any, Any, Any, Any, Any]
 
 
 class Phase:
@@ -70,17 +91,52 @@ class Phase:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        phases = self._probe._phases
-        phases[self._name] = phases.get(self._name, 0.0) + time.perf_counter() - self._t0
+        # Logged against the open step's index; the publisher thread sums them per step.
+        p = self._probe
+        p._phase_log.append((p._index, self._name, time.perf_counter() - self._t0))
+
+
+_current: Probe | None = None
+_current_lock = threading.Lock()
+
+
+def current() -> Probe | None:
+    """This process's live probe, if one was created and not closed."""
+    p = _current
+    if p is None or p._closed or p.pid != os.getpid():
+        return None
+    return p
 
 
 class Probe:
-    """Measures steps and publishes them over ZeroMQ.
+    """Measures steps and publishes them over ZeroMQ; one per process.
 
     ``name``: run name shown by gputop (default: $GPUTOP_NAME or the script name).
     ``listen``: endpoint to bind (default: $GPUTOP_LISTEN, else a private ipc socket).
     ``sample_host``: run the node sampler here (default: only on local rank 0).
+
+    Creating a second ``Probe`` while one is live returns the live one (a warning says
+    which settings were ignored); after :meth:`close` a new one can be created.
     """
+
+    _initialized = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Probe:
+        global _current
+        with _current_lock:
+            existing = current()
+            if existing is not None:
+                if args or kwargs:
+                    log.warning(
+                        "gputop probe: this process already has a probe (%r on %s);"
+                        " reusing it, the new settings are ignored",
+                        existing.name,
+                        existing.endpoint,
+                    )
+                return existing
+            created = super().__new__(cls)
+            _current = created
+            return created
 
     def __init__(
         self,
@@ -93,6 +149,9 @@ class Probe:
         data_path: str | None = None,
         role: str = "probe",
     ) -> None:
+        if self._initialized:  # __new__ returned the live probe
+            return
+        self._initialized = True
         self.role = role  # "agent": no training loop here, only node samples
         self.pid = os.getpid()
         self.host = socket.gethostname()
@@ -112,19 +171,29 @@ class Probe:
         self._sample_host = (self._local_rank in (None, 0)) if sample_host is None else sample_host
 
         # Training-thread state. Only the training thread writes these.
-        self._steps: deque[_Raw] = deque()
+        self._steps: deque[_Raw] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._index = 0
-        self._dropped_steps = 0
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
-        self._prev_end_event: Any = None
-        self._phases: dict[str, float] = {}
-        self._samples_override: int | None = None
+        self._phase_log: deque[tuple[int, str, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._last_mark: float | None = None
         self._timer: CudaTimer | None = None
         self._timing = "host"
         self._timing_note: str | None = "no steps yet"
         self._timing_checks = 0
+        self._device_index: tuple[str, int | None, str | None] | None = None  # kind, idx, uuid
         self._loader_info: LoaderInfo | None = None
+        self._framework: str | None = None
+        self._loop = "not-started"
+        self._loop_since: float | None = None
+        self._loop_exit: str | None = None
+        # Loop events for the publisher: (state, unix time, step index, how).
+        self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
+
+        # Publisher-thread state: facts gathered off the training thread.
+        self._affinity: tuple[int, ...] = ()
+        self._quota: float | None = None
+        self._device: DeviceRef | None = None
+        self._warned_at: dict[str, float] = {}
 
         self._hello_dirty = threading.Event()
         self._stop = threading.Event()
@@ -133,9 +202,10 @@ class Probe:
         self._sampler: Any = None
         self._publisher: Any = None
         self._bye_reason = "exit"
-        self._encode_warned = False
         if self.enabled:
             self._start()
+        if not self.enabled:
+            self._release()
 
     # ----------------------------------------------------------------- lifecycle
     def _start(self) -> None:
@@ -170,12 +240,18 @@ class Probe:
             self._sampler = _make_sampler(self)
         self._thread = threading.Thread(target=self._run, name="gputop-publisher", daemon=True)
         self._thread.start()
-        _live_probes.add(self)
 
     def _degrade(self, reason: str) -> None:
         self.enabled = False
         self.error = reason
         log.warning("gputop probe disabled: %s. Training continues unmonitored.", reason)
+
+    def _release(self) -> None:
+        """Stop being the process's probe, so that a new ``Probe()`` can be created."""
+        global _current
+        with _current_lock:
+            if _current is self:
+                _current = None
 
     def close(self, reason: str = "closed") -> None:
         """Flush, say goodbye and release the socket. Safe to call twice or never."""
@@ -185,12 +261,20 @@ class Probe:
         self.enabled = False
         self._bye_reason = reason
         self._stop.set()
+        if self._publisher is not None:
+            self._publisher.wake()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         if self._sampler is not None:
             with contextlib.suppress(Exception):
                 self._sampler.close()
         discovery.unregister(self.pid)
+        self._release()
+
+    def worker_pids(self) -> frozenset[int]:
+        """PIDs of the DataLoader workers of the current pass (empty: none or unknown)."""
+        info = self._loader_info
+        return frozenset(info.worker_pids) if info is not None else frozenset()
 
     # ----------------------------------------------------------------- hot path
     def watch(
@@ -204,17 +288,21 @@ class Probe:
         if not self.enabled or _forked_child:
             yield from iterable
             return
+        info: LoaderInfo | None
         try:
-            self._loader_info = loader.describe(iterable, data_path or self._data_path)
-            if self._loader_info.dataset_path and self._sampler is not None:
-                self._sampler.set_data_path(self._loader_info.dataset_path)
+            info = loader.describe(iterable, data_path or self._data_path)
+            if info.dataset_path and self._sampler is not None:
+                self._sampler.set_data_path(info.dataset_path)
         except Exception:  # describing is best effort
-            self._loader_info = LoaderInfo(kind=type(iterable).__name__)
+            info = LoaderInfo(kind=type(iterable).__name__)
         iterator = iter(iterable)
-        pids = loader.worker_pids(iterator)
-        if pids and self._loader_info is not None:
-            self._loader_info = _replace_pids(self._loader_info, pids)
-        self._hello_dirty.set()
+        try:
+            pids = loader.worker_pids(iterator)
+            if pids:
+                info = _replace_pids(info, pids)
+        except Exception:  # a hostile __getattr__ must not reach the loop
+            pass
+        self._loop_entered(info, None)
         perf = time.perf_counter
         count: Callable[[Any], int | None]
         if callable(samples):
@@ -224,6 +312,7 @@ class Probe:
             count = lambda _batch: fixed  # noqa: E731
         else:
             count = loader.infer_samples
+        how = "break"
         try:
             while True:
                 t0 = perf()
@@ -232,6 +321,7 @@ class Probe:
                 try:
                     batch = next(iterator)
                 except StopIteration:
+                    how = "exhausted"
                     return
                 t1 = perf()
                 try:
@@ -239,22 +329,50 @@ class Probe:
                 except Exception:  # a user's counting function must not stop training
                     n = None
                 self._open_step(t0, t1, n)
-                yield batch
+                try:
+                    yield batch
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:  # thrown into the generator: an exception
+                    how = f"exception:{type(exc).__name__}"
+                    raise
+        except GeneratorExit:
+            raise
+        except BaseException as exc:  # the loader itself raised
+            if how == "break":
+                how = f"exception:{type(exc).__name__}"
+            raise
         finally:
-            # Leaving the loop (end of epoch, break, exception): the last step ended when
-            # the loop asked for more; a step left open by `break` is dropped.
-            self._open = None
+            self._loop_left(how)
+
+    def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
+        """Training thread, once per pass: store and flag (no I/O, never raises)."""
+        now = time.time()
+        if info is not None:
+            self._loader_info = info
+        if framework is not None:
+            self._framework = framework
+        self._loop, self._loop_since, self._loop_exit = "in-loop", now, None
+        self._loop_events.append(("in-loop", now, self._index, None))
+        self._hello_dirty.set()
+
+    def _loop_left(self, how: str) -> None:
+        """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
+        A step left open (``break``, an exception) is dropped, not guessed."""
+        now = time.time()
+        self._open = None
+        self._loop, self._loop_since, self._loop_exit = "outside", now, how
+        self._loop_events.append(("outside", now, self._index, how))
+        self._hello_dirty.set()
 
     def _open_step(self, t0: float, t1: float, n: int | None) -> None:
         if self._timing_checks < 3:
             self._check_timing()
-        self._open = (t0, t1, n, self._record_event())
+        self._open = (t0, t1, n, None if self._timer is None else self._record_event())
 
     def _record_event(self) -> Any:
-        if self._timer is None:
-            return None
         try:
-            return self._timer.record()
+            return self._timer.record()  # type: ignore[union-attr]
         except Exception as exc:  # a CUDA error must surface in the training, not here
             self._timer, self._timing = None, "host"
             self._timing_note = f"CUDA events failed ({exc}): step times are host-side"
@@ -263,25 +381,22 @@ class Probe:
             return None
 
     def _close_step(self, t_next: float) -> None:
+        # The hot path: one unpack, one append (profiled; see bench/probe_overhead.py).
+        # Phases, overflow and everything else are the publisher thread's business.
         t0, t1, n, ev_start = self._open  # type: ignore[misc]
-        ev_end = self._record_event()
-        if self._samples_override is not None:
-            n = self._samples_override
-            self._samples_override = None
-        phases: dict[str, float] | None = self._phases
-        if phases:
-            self._phases = {}
-        else:
-            phases = None
-        if len(self._steps) < MAX_BUFFERED_STEPS:
-            self._steps.append(
-                (self._index, t0, t1, t_next, n, phases, self._prev_end_event, ev_start, ev_end)
-            )
-        else:
-            self._dropped_steps += 1
-        self._prev_end_event = ev_end
-        self._index += 1
         self._open = None
+        self._steps.append(
+            (
+                self._index,
+                t0,
+                t1,
+                t_next,
+                n,
+                ev_start,
+                None if self._timer is None else self._record_event(),
+            )
+        )
+        self._index += 1
 
     def step(self, samples: int | None = None) -> None:
         """Mark the end of a step for loops that do not use :meth:`watch`.
@@ -290,32 +405,18 @@ class Probe:
         """
         if not self.enabled or _forked_child:
             return
-        if self._open is not None:
-            self._samples_override = _as_count(samples)
+        opened = self._open
+        if opened is not None:
+            self._open = (opened[0], opened[1], _as_count(samples), opened[3])
             return
         now = time.perf_counter()
         if self._last_mark is not None:
             if self._timing_checks < 3:
                 self._check_timing()
-            phases = self._phases or None
-            self._phases = {}
-            if len(self._steps) < MAX_BUFFERED_STEPS:
-                # t1 < 0 says "no data-wait measurement" for explicitly marked steps
-                self._steps.append(
-                    (
-                        self._index,
-                        self._last_mark,
-                        -1.0,
-                        now,
-                        _as_count(samples),
-                        phases,
-                        None,
-                        None,
-                        None,
-                    )
-                )
-            else:
-                self._dropped_steps += 1
+            # t1 < 0 says "no data-wait measurement" for explicitly marked steps
+            self._steps.append(
+                (self._index, self._last_mark, -1.0, now, _as_count(samples), None, None)
+            )
             self._index += 1
         self._last_mark = now
 
@@ -325,6 +426,10 @@ class Probe:
     def _check_timing(self) -> None:
         self._timing_checks += 1
         timer, timing, note = detect()
+        # The current device is per host thread in CUDA: read it here, on the training
+        # thread (first 3 steps only; no device work); mapped on the publisher thread.
+        with contextlib.suppress(Exception):
+            self._device_index = own_device(timing)
         if (timing, note) != (self._timing, self._timing_note):
             self._timer, self._timing, self._timing_note = timer, timing, note
             self._hello_dirty.set()
@@ -344,7 +449,7 @@ class Probe:
             rank=self._rank,
             local_rank=self._local_rank,
             world_size=self._world_size,
-            torch_version=getattr(torch, "__version__", None) if torch else None,
+            torch_version=_torch_version(torch),
             devices=_device_names(torch) if self._timing == "cuda-events" else (),
             timing=self._timing,
             timing_note=self._timing_note,
@@ -353,116 +458,273 @@ class Probe:
             step_count=progress[0],
             last_step_end=progress[1],
             typical_period_s=progress[2],
+            loop=self._loop,
+            loop_since=self._loop_since,
+            loop_exit=self._loop_exit,
+            framework=self._framework,
+            cpu_affinity=self._affinity,
+            cpu_quota_cores=self._quota,
+            device=self._device,
         )
+
+    def _gather_facts(self) -> None:
+        """Publisher thread: the process's own limits and device (filesystem reads)."""
+        with contextlib.suppress(Exception):
+            self._affinity = tuple(sorted(os.sched_getaffinity(0)))
+        with contextlib.suppress(Exception):
+            from gputop_dl.probe.collectors.cgroup import CgroupReader
+
+            sample, _status = CgroupReader().read()
+            self._quota = sample.cpu_quota_cores if sample is not None else None
+        self._refresh_device()
+
+    def _refresh_device(self) -> None:
+        seen = self._device_index
+        if seen is not None:
+            with contextlib.suppress(Exception):
+                self._device = device_ref(*seen, dict(os.environ))
+
+    def _warn(self, key: str, text: str, *args: object) -> None:
+        """Log at most once per WARN_EVERY_S per kind of problem."""
+        now = time.monotonic()
+        last = self._warned_at.get(key)
+        if last is None or now - last >= WARN_EVERY_S:
+            self._warned_at[key] = now
+            log.warning(text, *args)
 
     def _run(self) -> None:
         pub = self._publisher
         assert pub is not None
-        sent = dropped = 0
+        counters = [0, 0]  # sent, dropped
         wall_offset = time.time() - time.perf_counter()
-        pending: deque[tuple[_Raw, float]] = deque()  # waiting for CUDA events
-        last_hello = 0.0
+        drain = _DrainState()
+        history: deque[_Wire] = deque(maxlen=HISTORY_MAX_STEPS)
+        systems: deque[list[bytes]] = deque(maxlen=HISTORY_SYSTEMS)
+        last_hello = last_extra_hello = 0.0
+        last_replay = -REPLAY_MIN_INTERVAL_S
+        replay_due = False
         published = 0
         last_end: float | None = None
         periods: deque[float] = deque(maxlen=30)
         busy = True
+        self._gather_facts()
 
-        def send(message: Any) -> None:
-            nonlocal sent, dropped
-            try:
-                ok = pub.send(encode(message))
-            except Exception as exc:  # serialization error: report once, keep going
-                if not self._encode_warned:
-                    self._encode_warned = True
-                    log.warning(
-                        "gputop probe: cannot encode a %s message: %s", type(message).__name__, exc
-                    )
-                ok = False
-            if ok:
-                sent += 1
+        def send(frames: list[bytes]) -> None:
+            if pub.send(frames):
+                counters[0] += 1
             else:
-                dropped += 1
+                counters[1] += 1
+
+        def send_message(message: Any) -> None:
+            try:
+                frames = encode(message)
+            except Exception as exc:  # serialization error: report, keep going
+                self._warn("encode", "gputop probe: cannot encode a %s: %s", type(message), exc)
+                counters[1] += 1
+                return
+            send(frames)
+
+        def send_steps(records: list[_Wire]) -> None:
+            for i in range(0, len(records), RECORDS_PER_MESSAGE):
+                chunk = records[i : i + RECORDS_PER_MESSAGE]
+                sent, dropped = counters
+                send(encode_steps(self.source_id, chunk, sent, dropped, drain.dropped_steps))
+
+        def send_hello() -> None:
+            typical = statistics.median(periods) if periods else None
+            send_message(self.hello((published, last_end, typical)))
 
         while True:
-            # Each wake-up costs tens of microseconds of CPU: poll slower while idle.
-            stopping = self._stop.wait(self._flush_interval_s if busy else IDLE_FLUSH_S)
+            # Each wake-up costs tens of microseconds of CPU: poll slower while idle. A
+            # new subscriber or close() wakes the thread at once.
+            subscribed = pub.wait(self._flush_interval_s if busy else IDLE_FLUSH_S)
+            stopping = self._stop.is_set()
             try:
                 now = time.monotonic()
-                records = self._drain(pending, wall_offset, force=stopping)
-                busy = bool(records or pending or self._steps)
+                if subscribed:
+                    replay_due = True
+                    if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
+                        last_extra_hello = now
+                        self._hello_dirty.set()
+                records = self._drain(drain, wall_offset, force=stopping)
+                busy = bool(records or drain.pending or self._steps)
                 if records:
                     published += len(records)
-                    last_end = records[-1].end_time
-                    periods.extend(r.period_s for r in records)
+                    last_end = records[-1][1]
+                    periods.extend(r[2] for r in records)
+                    history.extend(records)
+                    horizon = time.time() - HISTORY_S
+                    while history and history[0][1] < horizon:
+                        history.popleft()
                 if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
                     self._hello_dirty.clear()
+                    if self._device is None:
+                        self._refresh_device()
                     last_hello = now
-                    typical = statistics.median(periods) if periods else None
-                    send(self.hello((published, last_end, typical)))
+                    send_hello()
+                while self._loop_events:
+                    state, t, index, how = self._loop_events.popleft()
+                    send_message(Loop(self.source_id, state, t, index, how))
                 if records:
-                    send(Steps(self.source_id, tuple(records), sent, dropped, self._dropped_steps))
+                    send_steps(records)
                 if self._sampler is not None:
                     for sample in self._sampler.take():
-                        send(System(self.source_id, sample))
+                        try:
+                            frames = encode(System(self.source_id, sample))
+                        except Exception as exc:
+                            self._warn("encode", "gputop probe: cannot encode a sample: %s", exc)
+                            continue
+                        systems.append(frames)
+                        send(frames)
+                if replay_due and now - last_replay >= REPLAY_MIN_INTERVAL_S and not stopping:
+                    # History for whoever just attached (everyone else de-duplicates by
+                    # step index); the hello above already went out.
+                    replay_due, last_replay = False, now
+                    for frames in list(systems):
+                        send(frames)
+                    send_steps(list(history))
                 if stopping:
-                    send(Bye(self.source_id, self._bye_reason, self._index))
+                    send_message(Bye(self.source_id, self._bye_reason, self._index))
                     break
             except Exception as exc:  # never let the thread die silently with a live loop
-                log.warning("gputop probe: publisher error: %s", exc)
+                self._warn("publisher", "gputop probe: publisher error: %s", exc)
                 if stopping:
                     break
         # Give the I/O thread a moment to push the last frames out before closing.
         time.sleep(0.05)
         pub.close()
 
-    def _drain(
-        self, pending: deque[tuple[_Raw, float]], wall_offset: float, force: bool
-    ) -> list[StepRecord]:
+    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> list[_Wire]:
+        """Turn what the training thread queued into wire records (publisher thread)."""
         steps = self._steps
-        now = time.monotonic()
-        while steps:
-            pending.append((steps.popleft(), now))
-        out: list[StepRecord] = []
+        raws = [steps.popleft() for _ in range(len(steps))]
+        log = self._phase_log
+        phases = st.phases
+        for _ in range(len(log)):  # after the steps: a step's phases are logged before it
+            index, name, seconds = log.popleft()
+            per_step = phases.setdefault(index, {})
+            per_step[name] = per_step.get(name, 0.0) + seconds
+        if raws:
+            # The buffer drops its oldest steps when full: a gap before the first index.
+            st.dropped_steps += max(0, raws[0][0] - st.next_index)
+            st.next_index = raws[-1][0] + 1
         timer = self._timer
+        if timer is None and not st.pending:
+            # Host timing: one comprehension over the raw tuples, nothing else per step.
+            if phases:
+                with_phases: list[_Wire] = [
+                    (
+                        i,
+                        tn + wall_offset,
+                        tn - t0,
+                        None if t1 < 0 else t1 - t0,
+                        n,
+                        None,
+                        None,
+                        _phase_items(phases.pop(i, None)),
+                        None,
+                    )
+                    for i, t0, t1, tn, n, _s, _e in raws
+                ]
+                _forget_before(phases, st.next_index)
+                return with_phases
+            return [
+                (i, tn + wall_offset, tn - t0, None if t1 < 0 else t1 - t0, n, None, None, (), None)
+                for i, t0, t1, tn, n, _s, _e in raws
+            ]
+        now = time.monotonic()
+        pending = st.pending
+        pending.extend((raw, now) for raw in raws)
+        out: list[_Wire] = []
         while pending:
             raw, queued = pending[0]
-            index, t0, t1, t_next, n, phases, ev_prev_end, ev_start, ev_end = raw
-            device_s = idle_s = None
+            index, t0, t1, t_next, n, ev_start, ev_end = raw
+            device_s = idle_s = caught_up = None
             if ev_end is not None and timer is not None:
                 try:
-                    done = timer.ready(ev_prev_end, ev_start, ev_end)
+                    done = timer.ready(st.ev_end, ev_start, ev_end)
                 except Exception:
                     done = True
                 if not done and not force and now - queued < DEVICE_EVENT_TIMEOUT_S:
                     break  # keep order: later steps wait for this one
                 if done:
                     with contextlib.suppress(Exception):
-                        device_s = timer.elapsed_s(ev_start, ev_end)
-                        idle_s = timer.elapsed_s(ev_prev_end, ev_start)
+                        device_s = _non_negative(timer.elapsed_s(ev_start, ev_end))
+                        idle_s = _non_negative(timer.elapsed_s(st.ev_end, ev_start))
+                        if t1 >= 0 and st.t_end is not None:
+                            caught_up = caught_up_at_start(t1 - st.t_end, idle_s, st.period)
             pending.popleft()
-            wait = None if t1 < 0 else t1 - t0
+            st.ev_end, st.t_end, st.period = ev_end, t_next, t_next - t0
             out.append(
-                StepRecord(
-                    index=index,
-                    end_time=t_next + wall_offset,
-                    period_s=t_next - t0,
-                    wait_s=wait,
-                    samples=n,
-                    device_s=device_s,
-                    device_idle_s=idle_s,
-                    phases=tuple(phases.items()) if phases else (),
+                (
+                    index,
+                    t_next + wall_offset,
+                    t_next - t0,
+                    None if t1 < 0 else t1 - t0,
+                    n,
+                    device_s,
+                    idle_s,
+                    _phase_items(phases.pop(index, None)),
+                    caught_up,
                 )
             )
+        if out:
+            _forget_before(phases, out[-1][0])
         return out
 
 
+@dataclass
+class _DrainState:
+    """What the publisher thread carries from one drain to the next."""
+
+    pending: deque[tuple[_Raw, float]] = field(default_factory=deque)  # awaiting events
+    phases: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> name -> s
+    next_index: int = 0
+    dropped_steps: int = 0
+    ev_end: Any = None  # the last drained step's end event, its host time and period
+    t_end: float | None = None
+    period: float | None = None
+
+
+def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, float], ...]:
+    return tuple(per_step.items()) if per_step else ()
+
+
+def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:
+    """Drop phases of steps that will never be published (left open by a break)."""
+    for stale in [i for i in phases if i < index]:
+        del phases[stale]
+
+
+def caught_up_at_start(
+    host_gap_s: float, device_idle_s: float | None, prev_period_s: float | None
+) -> bool | None:
+    """Was the device done with everything queued when the host finished the previous
+    step (recorded its end event)?
+
+    ``host_gap_s`` is the host time between recording the previous step's end event and
+    this step's start event (the data wait), ``device_idle_s`` the device time between
+    reaching them. Nothing is queued between the two, so the device reaches the start
+    event at max(its arrival at the end event, the start's recording): the gap it shows
+    is ``max(0, host_gap - lag)``, where ``lag`` is how far the device was behind the host
+    at the end event. A positive gap therefore gives ``lag = host_gap - device_idle``
+    exactly; a zero gap says the lag was at least the host gap. Caught up: a lag of at
+    most 10 % of the previous step's period (the kernel still running when the host
+    finishes a launch-bound step) or 0.1 ms (timer resolution, the cost of a record).
+    """
+    if device_idle_s is None or host_gap_s < 0 or prev_period_s is None:
+        return None
+    if device_idle_s <= 0.0:
+        return False
+    lag = host_gap_s - device_idle_s
+    return lag <= max(CAUGHT_UP_TOLERANCE_S, CAUGHT_UP_TOLERANCE_FRACTION * prev_period_s)
+
+
 # --------------------------------------------------------------------- helpers
-_live_probes: weakref.WeakSet[Probe] = weakref.WeakSet()
-
-
 @atexit.register
 def _close_all() -> None:
-    for p in list(_live_probes):
+    p = current()
+    if p is not None:
         with contextlib.suppress(Exception):
             p.close("process exit")
 
@@ -483,6 +745,10 @@ def _make_sampler(probe: Probe) -> Any:
     except Exception as exc:
         log.warning("gputop probe: no system samples: %s", exc)
         return None
+
+
+def _non_negative(value: float | None) -> float | None:
+    return None if value is None else max(0.0, value)
 
 
 def _as_count(value: Any) -> int | None:
@@ -514,3 +780,8 @@ def _env_int(name: str) -> int | None:
 def _script_name() -> str:
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
     return os.path.basename(argv0) or "python"
+
+
+def _torch_version(torch: Any) -> str | None:
+    version = getattr(torch, "__version__", None) if torch is not None else None
+    return str(version) if version is not None else None  # TorchVersion is a str subclass

@@ -9,7 +9,23 @@ encoded, compared in tests and handed between threads freely.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
+
+from msgspec import Meta
+
+# Bounds a reader enforces while decoding (``docs/protocol.md``, "Limits"): a value
+# outside them makes the whole message invalid, so no NaN, infinity or year-3000 time
+# ever reaches the viewer's arithmetic. Collectors never produce values outside them.
+MAX_STR = 4096
+MAX_ITEMS = 100_000
+Str = Annotated[str, Meta(max_length=MAX_STR)]
+Time = Annotated[float, Meta(ge=0.0, le=1e10)]  # Unix seconds, up to the year 2286
+Seconds = Annotated[float, Meta(ge=0.0, le=1e7)]  # a duration, up to ~115 days
+Num = Annotated[float, Meta(ge=-1e18, le=1e18)]  # any other reading: finite
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+T = TypeVar("T")
+Seq = Annotated[tuple[T, ...], Meta(max_length=MAX_ITEMS)]
 
 
 @dataclass(frozen=True)
@@ -20,21 +36,21 @@ class SourceStatus:
     can act on ("NVML library not found", "hl-smi timed out after 2 s").
     """
 
-    source: str
+    source: Str
     ok: bool
-    message: str = ""
+    message: Str = ""
 
 
 @dataclass(frozen=True)
 class CpuCore:
     """One logical core over the last sampling interval, percent of that core's time."""
 
-    index: int
-    user_pct: float | None  # user + nice
-    system_pct: float | None  # system + irq + softirq
-    iowait_pct: float | None
-    steal_pct: float | None
-    idle_pct: float | None
+    index: Count
+    user_pct: Num | None  # user + nice
+    system_pct: Num | None  # system + irq + softirq
+    iowait_pct: Num | None
+    steal_pct: Num | None
+    idle_pct: Num | None
 
     @property
     def busy_pct(self) -> float | None:
@@ -46,118 +62,118 @@ class CpuCore:
 
 @dataclass(frozen=True)
 class CpuSample:
-    cores: tuple[CpuCore, ...]
-    load_avg: tuple[float, float, float] | None  # 1, 5, 15 min
+    cores: Seq[CpuCore]
+    load_avg: tuple[Num, Num, Num] | None  # 1, 5, 15 min
 
 
 @dataclass(frozen=True)
 class MemorySample:
-    total_bytes: int | None
-    used_bytes: int | None
-    available_bytes: int | None
-    cached_bytes: int | None
-    swap_total_bytes: int | None
-    swap_used_bytes: int | None
-    swap_in_bps: float | None  # bytes/s swapped in over the interval
-    swap_out_bps: float | None
+    total_bytes: Count | None
+    used_bytes: Count | None
+    available_bytes: Count | None
+    cached_bytes: Count | None
+    swap_total_bytes: Count | None
+    swap_used_bytes: Count | None
+    swap_in_bps: Num | None  # bytes/s swapped in over the interval
+    swap_out_bps: Num | None
 
 
 @dataclass(frozen=True)
 class DiskSample:
-    device: str  # kernel name, e.g. "nvme0n1", "sda"
-    read_bps: float | None
-    write_bps: float | None
-    read_iops: float | None
-    write_iops: float | None
-    busy_pct: float | None  # share of the interval with I/O in flight
+    device: Str  # kernel name, e.g. "nvme0n1", "sda"
+    read_bps: Num | None
+    write_bps: Num | None
+    read_iops: Num | None
+    write_iops: Num | None
+    busy_pct: Num | None  # share of the interval with I/O in flight
 
 
 @dataclass(frozen=True)
 class NetSample:
-    interface: str
-    rx_bps: float | None
-    tx_bps: float | None
+    interface: Str
+    rx_bps: Num | None
+    tx_bps: Num | None
 
 
 @dataclass(frozen=True)
 class PressureSample:
     """Linux PSI ``avg10`` values in percent; None where the kernel lacks PSI."""
 
-    cpu_some: float | None
-    io_some: float | None
-    io_full: float | None
-    memory_some: float | None
-    memory_full: float | None
+    cpu_some: Num | None
+    io_some: Num | None
+    io_full: Num | None
+    memory_some: Num | None
+    memory_full: Num | None
 
 
 @dataclass(frozen=True)
 class CgroupSample:
     """Container limits (cgroup v2 or v1); None where no limit is set."""
 
-    cpu_quota_cores: float | None  # quota / period, e.g. 2.0 = two cores
-    nr_periods: int | None  # cumulative counters from cpu.stat
-    nr_throttled: int | None
-    throttled_usec: int | None
-    throttled_pct: float | None  # share of periods throttled over the last interval
-    memory_limit_bytes: int | None
-    memory_used_bytes: int | None
+    cpu_quota_cores: Num | None  # quota / period, e.g. 2.0 = two cores
+    nr_periods: Count | None  # cumulative counters from cpu.stat
+    nr_throttled: Count | None
+    throttled_usec: Count | None
+    throttled_pct: Num | None  # share of periods throttled over the last interval
+    memory_limit_bytes: Count | None
+    memory_used_bytes: Count | None
 
 
 @dataclass(frozen=True)
 class ProcessSample:
-    pid: int
-    role: str  # "main" (the training process) or "worker" (a child, e.g. DataLoader worker)
-    name: str
-    cpu_pct: float | None  # percent of one core; 100 = one core saturated
-    rss_bytes: int | None
+    pid: Count
+    role: Str  # "main" (the training process) or "worker" (a child, e.g. DataLoader worker)
+    name: Str
+    cpu_pct: Num | None  # percent of one core; 100 = one core saturated
+    rss_bytes: Count | None
 
 
 @dataclass(frozen=True)
 class TrainingProcesses:
-    processes: tuple[ProcessSample, ...]
-    saturated_workers: int  # workers at >= 90 % of one core
-    worker_count: int
+    processes: Seq[ProcessSample]
+    saturated_workers: Count  # workers at >= 90 % of one core
+    worker_count: Count
 
 
 @dataclass(frozen=True)
 class GpuSample:
     """One NVIDIA GPU as NVML reports it. ``state`` is "ok" or "lost"."""
 
-    index: int
-    name: str | None
-    uuid: str | None
-    state: str = "ok"
-    error: str | None = None
-    util_pct: float | None = None
-    mem_util_pct: float | None = None
-    mem_used_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    temperature_c: float | None = None
-    sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    pcie_rx_bps: float | None = None  # NVML reports KB/s; converted to bytes/s
-    pcie_tx_bps: float | None = None
-    throttle_reasons: tuple[str, ...] | None = None  # e.g. ("sw_power_cap", "hw_thermal")
-    training_mem_bytes: int | None = None  # memory held by the watched training processes
+    index: Count
+    name: Str | None
+    uuid: Str | None
+    state: Str = "ok"
+    error: Str | None = None
+    util_pct: Num | None = None
+    mem_util_pct: Num | None = None
+    mem_used_bytes: Count | None = None
+    mem_total_bytes: Count | None = None
+    power_w: Num | None = None
+    power_limit_w: Num | None = None
+    temperature_c: Num | None = None
+    sm_clock_mhz: Num | None = None
+    mem_clock_mhz: Num | None = None
+    pcie_rx_bps: Num | None = None  # NVML reports KB/s; converted to bytes/s
+    pcie_tx_bps: Num | None = None
+    throttle_reasons: Seq[Str] | None = None  # e.g. ("sw_power_cap", "hw_thermal")
+    training_mem_bytes: Count | None = None  # memory held by the watched training processes
 
 
 @dataclass(frozen=True)
 class HpuSample:
     """One Intel Gaudi HPU as ``hl-smi`` reports it. ``state`` is "ok" or "lost"."""
 
-    index: int
-    name: str | None
-    uuid: str | None
-    state: str = "ok"
-    error: str | None = None
-    util_pct: float | None = None
-    mem_used_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    power_w: float | None = None
-    power_max_w: float | None = None
-    temperature_c: float | None = None
+    index: Count
+    name: Str | None
+    uuid: Str | None
+    state: Str = "ok"
+    error: Str | None = None
+    util_pct: Num | None = None
+    mem_used_bytes: Count | None = None
+    mem_total_bytes: Count | None = None
+    power_w: Num | None = None
+    power_max_w: Num | None = None
+    temperature_c: Num | None = None
 
 
 @dataclass(frozen=True)
@@ -168,19 +184,19 @@ class SystemSample:
     host-wide fields are None and only its own processes and devices are reported.
     """
 
-    time: float
-    host: str
-    interval_s: float | None
+    time: Time
+    host: Str
+    interval_s: Seconds | None
     host_sampled: bool = True
     cpu: CpuSample | None = None
     memory: MemorySample | None = None
-    disks: tuple[DiskSample, ...] = ()
-    nets: tuple[NetSample, ...] = ()
+    disks: Seq[DiskSample] = ()
+    nets: Seq[NetSample] = ()
     pressure: PressureSample | None = None
     cgroup: CgroupSample | None = None
     processes: TrainingProcesses | None = None
-    gpus: tuple[GpuSample, ...] = ()
-    hpus: tuple[HpuSample, ...] = ()
-    statuses: tuple[SourceStatus, ...] = field(default_factory=tuple)
-    data_device: str | None = None  # block device holding the dataset path, if known
-    data_fs_type: str | None = None  # filesystem type of the dataset path ("nfs4", "ext4")
+    gpus: Seq[GpuSample] = ()
+    hpus: Seq[HpuSample] = ()
+    statuses: Seq[SourceStatus] = ()
+    data_device: Str | None = None  # block device holding the dataset path, if known
+    data_fs_type: Str | None = None  # filesystem type of the dataset path ("nfs4", "ext4")

@@ -2,7 +2,8 @@
 
 The publisher side never blocks: NOBLOCK sends, a small high-water mark and linger 0,
 so a slow, absent or killed subscriber costs the training process nothing but dropped
-messages (which are counted and reported in the stream itself).
+messages (which are counted and reported in the stream itself). What subscribers send
+(subscription notices) is size-capped and read in bounded batches.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from gputop_dl.probe.protocol import TOPIC_PREFIX
 
 SEND_HWM = 64  # messages queued per subscriber before we drop: ~6 s of step batches
 RECV_HWM = 10_000
+# Subscription notices kept queued for the publisher thread; a flood beyond this is
+# dropped by libzmq, which only delays a replay (notices are coalesced anyway).
+SUB_NOTICE_HWM = 1000
 
 
 class TransportError(Exception):
@@ -23,17 +27,37 @@ class TransportError(Exception):
 
 
 class Publisher:
-    """A bound PUB socket. Not thread-safe: use it from one thread only."""
+    """A bound XPUB socket. Not thread-safe: use it from one thread only, except
+    :meth:`wake`, which any thread may call (it has its own socket).
+
+    XPUB is PUB that also tells the publisher about subscriptions: with XPUB_VERBOSE every
+    SUBSCRIBE is reported, even a repeated one, which is what lets the probe send its
+    history to a subscriber that just attached (:meth:`wait` returns the count).
+    """
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         # A private context: the training process may use zmq itself, and we must be able
         # to tear ours down without touching theirs.
         self._ctx = zmq.Context(io_threads=1)
-        self._sock = self._ctx.socket(zmq.PUB)
+        self._sock = self._ctx.socket(zmq.XPUB)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self._sock.setsockopt(zmq.RCVHWM, SUB_NOTICE_HWM)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        # Nothing a peer sends may grow this process: subscribe frames are a few bytes.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 256)
+        # Waking the publisher thread early (close) without a shared Event and a timeout.
+        self._wake_addr = f"inproc://gputop-wake-{id(self)}"
+        self._wake_rx = self._ctx.socket(zmq.PAIR)
+        self._wake_rx.setsockopt(zmq.LINGER, 0)
+        self._wake_rx.bind(self._wake_addr)
+        self._wake_tx: zmq.Socket[bytes] | None = None
+        self._wake_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_rx, zmq.POLLIN)
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -48,15 +72,47 @@ class Publisher:
         """Queue one message; False if it had to be dropped (never blocks)."""
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError:
+        except zmq.ZMQError:  # zmq.Again (queue full) included
             return False
         return True
 
+    def wait(self, timeout_s: float, max_notices: int = SUB_NOTICE_HWM) -> int:
+        """Sleep until ``timeout_s`` passes, :meth:`wake` is called or subscribers
+        (re)subscribe; return how many subscription notices arrived (bounded)."""
+        try:
+            ready = dict(self._poller.poll(int(timeout_s * 1000)))
+        except zmq.ZMQError:
+            return 0
+        if self._wake_rx in ready:
+            with contextlib.suppress(zmq.ZMQError):
+                while True:
+                    self._wake_rx.recv(zmq.NOBLOCK)
+        subscribed = 0
+        if self._sock in ready:
+            for _ in range(max_notices):
+                try:
+                    notice = self._sock.recv(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                if notice[:1] == b"\x01":  # \x01 + topic = subscribe, \x00 = unsubscribe
+                    subscribed += 1
+        return subscribed
+
+    def wake(self) -> None:
+        """Make a pending :meth:`wait` return now (callable from any thread)."""
+        with self._wake_lock, contextlib.suppress(Exception):
+            if self._wake_tx is None:
+                self._wake_tx = self._ctx.socket(zmq.PAIR)
+                self._wake_tx.setsockopt(zmq.LINGER, 0)
+                self._wake_tx.connect(self._wake_addr)
+            self._wake_tx.send(b"", zmq.NOBLOCK)
+
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._sock.close(linger=0)
+        with self._wake_lock:
+            for sock in (self._sock, self._wake_rx, self._wake_tx):
+                if sock is not None:
+                    with contextlib.suppress(Exception):
+                        sock.close(linger=0)
         with contextlib.suppress(Exception):
             self._ctx.term()
 

@@ -12,19 +12,32 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 
 from gputop_dl import probe
 from gputop_dl.probe import discovery
+from gputop_dl.probe.core import current
 from gputop_dl.probe.loader import infer_samples
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_probe_left_behind() -> Iterator[None]:
+    """A probe a test forgot would be every later test's probe (one per process)."""
+    yield
+    live = current()
+    if live is not None:
+        live.close()
+    WireReader.close_all()
 
 
 def free_port() -> int:
@@ -335,11 +348,14 @@ def test_stale_records_of_dead_processes_are_removed(runtime_dir: Path) -> None:
 
 def test_failure_inside_probe_logs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()
-    first = probe.Probe(listen=f"tcp://127.0.0.1:{port}", system_interval_s=0)
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PUB)
+    squatter.bind(f"tcp://127.0.0.1:{port}")
     with caplog.at_level(logging.WARNING, logger="gputop.probe"):
         second = probe.Probe(listen=f"tcp://127.0.0.1:{port}", system_interval_s=0)
         assert list(second.watch(range(3))) == [0, 1, 2]
-    first.close()
+    squatter.close(0)
+    ctx.term()
     assert not second.enabled and "Address already in use" in (second.error or "")
     assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
 
@@ -357,3 +373,209 @@ def test_failing_device_timer_falls_back_to_host_timing() -> None:
     p.close()
     assert p._timer is None and hello.timing == "host"
     assert hello.timing_note is not None and "CUDA events failed" in hello.timing_note
+
+
+# ---------------------------------------------------------------- protocol 2 facts
+def tcp_probe(name: str, **kwargs: Any) -> probe.Probe:
+    return probe.Probe(name=name, listen=f"tcp://127.0.0.1:{free_port()}", **kwargs)
+
+
+def attached(p: probe.Probe) -> WireReader:
+    """A doc-only reader whose subscription the probe has seen (it answers with a hello)."""
+    reader = WireReader(p.endpoint or "")
+    reader.pump(2.0, until="hello")
+    return reader
+
+
+def test_a_late_subscriber_gets_the_history_and_a_hello_within_a_second() -> None:
+    p = tcp_probe("late", system_interval_s=0)
+    for _ in p.watch(range(500)):
+        time.sleep(0.0002)
+    time.sleep(0.5)  # published to nobody: PUB/SUB alone would have lost all of it
+    reader = WireReader(p.endpoint or "")
+    deadline = time.monotonic() + 1.0
+    seen: set[int] = set()
+    while time.monotonic() < deadline and len(seen) < 500:
+        reader.pump(0.05)
+        seen = {r["index"] for r in reader.steps()}
+    kinds = [m["kind"] for m in reader.messages]
+    p.close()
+    reader.close()
+    assert seen == set(range(500))
+    assert "hello" in kinds and kinds.index("hello") < kinds.index("steps")
+    hello = reader.of_kind("hello")[0]
+    assert hello["name"] == "late" and hello["step_count"] == 500
+
+
+def test_history_replay_repeats_steps_with_their_own_indices() -> None:
+    p = tcp_probe("twice", system_interval_s=0)
+    first = attached(p)
+    for _ in p.watch(range(50)):
+        pass
+    time.sleep(0.3)
+    second = attached(p)  # its subscription replays the history to both
+    first.pump(1.0)
+    second.pump(0.3)
+    p.close()
+    indices = [r["index"] for r in first.steps()]
+    first.close()
+    second.close()
+    assert sorted(set(indices)) == list(range(50)) and len(indices) >= 100  # duplicates
+    assert {r["index"] for r in second.steps()} == set(range(50))
+
+
+@pytest.mark.parametrize(
+    ("body", "how"),
+    [
+        ("for _ in p.watch(range(5)):\n    pass", "exhausted"),
+        ("for i in p.watch(range(5)):\n    if i == 2:\n        break", "break"),
+        (
+            "def items():\n    yield 0\n    yield 1\n    raise ValueError('bad file')\n"
+            "try:\n    for i in p.watch(items()):\n        pass\nexcept ValueError:\n    pass",
+            "exception:ValueError",
+        ),
+    ],
+    ids=["exhausted", "break", "exception"],
+)
+def test_loop_entered_and_left_are_published_with_how(body: str, how: str) -> None:
+    p = tcp_probe("loop", system_interval_s=0)
+    reader = attached(p)
+    assert reader.of_kind("hello")[-1]["loop"] == "not-started"
+    exec(body, {"p": p})
+    reader.pump(1.0)
+    p.close()
+    reader.pump(0.3)
+    reader.close()
+    loops = reader.of_kind("loop")
+    assert [(m["state"], m["how"]) for m in loops] == [("in-loop", None), ("outside", how)]
+    assert loops[1]["step_index"] == (5 if how == "exhausted" else 2)
+    hello = reader.of_kind("hello")[-1]
+    assert (hello["loop"], hello["loop_exit"]) == ("outside", how)
+    assert hello["loop_since"] == pytest.approx(loops[1]["time"])
+
+
+def test_loop_facts_and_worker_pids_from_the_watch_api() -> None:
+    p = tcp_probe("api", system_interval_s=0)
+    info = probe.messages.LoaderInfo("torch.DataLoader", num_workers=2, worker_pids=(11, 12))
+    p._loop_entered(info, "lightning")
+    assert p.worker_pids() == frozenset({11, 12})
+    hello = p.hello()
+    p._loop_left("exception:KeyboardInterrupt")
+    left = p.hello()
+    p.close()
+    assert (hello.loop, hello.framework, hello.loader) == ("in-loop", "lightning", info)
+    assert (left.loop, left.loop_exit) == ("outside", "exception:KeyboardInterrupt")
+
+
+def test_hello_carries_the_process_affinity_and_quota() -> None:
+    from gputop_dl.probe.collectors.cgroup import CgroupReader
+
+    p = tcp_probe("facts", system_interval_s=0)
+    reader = attached(p)
+    p.close()
+    reader.close()
+    hello = reader.of_kind("hello")[-1]
+    assert hello["cpu_affinity"] == sorted(os.sched_getaffinity(0))
+    sample, _ = CgroupReader().read()
+    assert hello["cpu_quota_cores"] == (sample.cpu_quota_cores if sample else None)
+    assert hello["device"] is None  # no accelerator here: not guessed
+
+
+def test_a_second_probe_in_the_process_is_the_first(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe, "_default", None)
+    named = tcp_probe("named", system_interval_s=0)
+    reader = attached(named)
+    with caplog.at_level(logging.WARNING, logger="gputop.probe"):
+        again = probe.Probe(name="other")
+        assert list(probe.watch(range(4))) == [0, 1, 2, 3]  # the README's way
+    assert again is named and probe.default() is named
+    assert any("already has a probe" in r.getMessage() for r in caplog.records)
+    reader.pump(1.0)
+    named.close()
+    reader.close()
+    assert {r["index"] for r in reader.steps()} == {0, 1, 2, 3}
+    assert {h["name"] for h in reader.of_kind("hello")} == {"named"}
+    fresh = tcp_probe("after-close", system_interval_s=0)  # a closed probe is replaced
+    assert fresh is not named
+    fresh.close()
+
+
+def test_a_large_backlog_is_split_into_small_messages() -> None:
+    p = tcp_probe("backlog", system_interval_s=0)
+    reader = attached(p)
+    t = time.perf_counter()
+    raws = [(i, t, t, t + 0.001, 1, None, None) for i in range(10_000)]
+    p._steps.extend(raws)  # as if the publisher had stalled for a while
+    p._index = 10_000
+    reader.pump(2.0)
+    p.close()
+    reader.close()
+    bodies = reader.of_kind("steps")
+    assert {r["index"] for r in reader.steps()} == set(range(10_000))
+    assert max(len(b["records"]) for b in bodies) <= 2_000
+
+
+def test_a_persistent_publisher_error_is_logged_once_not_every_flush(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class BrokenSampler:
+        def take(self) -> list[Any]:
+            raise OSError("disk gone")
+
+        def close(self) -> None:
+            pass
+
+    p = tcp_probe("noisy", system_interval_s=0)
+    p._sampler = BrokenSampler()
+    with caplog.at_level(logging.WARNING, logger="gputop.probe"):
+        for _ in p.watch(range(100)):
+            time.sleep(0.01)  # ~10 publisher flushes, each failing
+        p.close()
+    errors = [r for r in caplog.records if "publisher error" in r.getMessage()]
+    assert len(errors) == 1
+
+
+def test_a_subscription_bomb_does_not_grow_the_training_process() -> None:
+    import psutil
+    import zmq
+
+    me = psutil.Process()
+    p = tcp_probe("bomb", system_interval_s=0)
+    for _ in p.watch(range(20_000)):  # a full history to replay
+        pass
+    time.sleep(0.3)
+    ctx = zmq.Context()
+    rss_before = me.memory_info().rss
+    steps_before = p._index
+    for _ in range(300):
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SUBSCRIBE, b"gputop.")
+        s.connect(p.endpoint or "")
+        s.close()
+    for _ in p.watch(range(1000)):  # training goes on meanwhile
+        pass
+    time.sleep(1.5)
+    grown = me.memory_info().rss - rss_before
+    p.close()
+    ctx.term()
+    assert p._index == steps_before + 1000
+    assert grown < 64 * 1024 * 1024, f"RSS grew by {grown / 1e6:.0f} MB"
+
+
+def test_a_full_buffer_drops_the_oldest_steps_and_counts_them() -> None:
+    from collections import deque
+
+    p = tcp_probe("overflow", system_interval_s=0)
+    reader = attached(p)
+    p._steps = deque(maxlen=100)
+    t = time.perf_counter()
+    p._steps.extend((i, t, t, t + 0.001, 1, None, None) for i in range(150))
+    p._index = 150
+    reader.pump(1.0)
+    p.close()
+    reader.close()
+    assert {r["index"] for r in reader.steps()} == set(range(50, 150))
+    assert reader.of_kind("steps")[-1]["dropped_steps"] == 50

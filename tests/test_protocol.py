@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import random
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
+from gputop_dl.probe.messages import (
+    Bye,
+    DeviceRef,
+    Hello,
+    LoaderInfo,
+    Loop,
+    StepRecord,
+    Steps,
+    System,
+)
 from gputop_dl.probe.protocol import (
     PROTOCOL_MAJOR,
     IncompatibleVersion,
     MalformedMessage,
     ProtocolError,
+    UnknownKind,
     decode,
     encode,
+    encode_steps,
 )
 from gputop_dl.probe.samples import (
     CgroupSample,
@@ -50,11 +64,19 @@ HELLO = Hello(
     devices=("NVIDIA H100",),
     timing="cuda-events",
     loader=LoaderInfo("torch.DataLoader", 4, True, 256, 2, True, (100, 101), "/data"),
+    loop="outside",
+    loop_since=1700000003.0,
+    loop_exit="exception:ValueError",
+    framework="lightning",
+    cpu_affinity=(0, 1, 2, 3),
+    cpu_quota_cores=2.5,
+    device=DeviceRef("cuda", 3, "GPU-abc"),
 )
+LOOP = Loop("node1:42", "outside", 1700000003.0, 17, "break")
 STEPS = Steps(
     "node1:42",
     (
-        StepRecord(0, 1700000001.0, 0.25, 0.2, 256, 0.04, 0.19, (("h2d", 0.01),)),
+        StepRecord(0, 1700000001.0, 0.25, 0.2, 256, 0.04, 0.19, (("h2d", 0.01),), True),
         StepRecord(1, 1700000001.3, 0.3, None, None),
     ),
     sent=10,
@@ -84,7 +106,9 @@ SYSTEM = System(
 BYE = Bye("node1:42", "process exit", 1234)
 
 
-@pytest.mark.parametrize("message", [HELLO, STEPS, SYSTEM, BYE], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "message", [HELLO, STEPS, SYSTEM, LOOP, BYE], ids=lambda m: type(m).__name__
+)
 def test_round_trip(message: object) -> None:
     assert decode(encode(message)) == message  # type: ignore[arg-type]
 
@@ -107,7 +131,7 @@ def test_newer_minor_version_with_unknown_fields_is_read() -> None:
 
 def test_missing_optional_fields_take_defaults() -> None:
     data = {
-        "v": [1, 0],
+        "v": [PROTOCOL_MAJOR, 0],
         "kind": "steps",
         "body": {"source_id": "a", "records": [], "sent": 0, "dropped": 0},
     }
@@ -117,10 +141,10 @@ def test_missing_optional_fields_take_defaults() -> None:
 
 def test_unknown_major_version_is_a_clear_error_with_both_versions() -> None:
     with pytest.raises(IncompatibleVersion) as info:
-        decode(payload(v=(2, 3)))
-    assert info.value.theirs == (2, 3)
+        decode(payload(v=(3, 3)))
+    assert info.value.theirs == (3, 3)
     assert info.value.source_id == "h:1"
-    assert "2.3" in str(info.value) and f"{PROTOCOL_MAJOR}." in str(info.value)
+    assert "3.3" in str(info.value) and f"{PROTOCOL_MAJOR}." in str(info.value)
 
 
 MALFORMED = {
@@ -128,18 +152,20 @@ MALFORMED = {
     "three frames": [b"gputop.bye", b"", b""],
     "foreign topic": [b"other", msgpack.packb({})],
     "not msgpack": [b"gputop.bye", b"\xc1\xc1\xc1"],
-    "trailing bytes": [b"gputop.bye", msgpack.packb({"v": [1, 0]}) + b"\x00"],
+    "trailing bytes": [b"gputop.bye", msgpack.packb({"v": [PROTOCOL_MAJOR, 0]}) + b"\x00"],
     "pickle": [b"gputop.bye", b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00\x8c\x01a\x94."],
     "not a map": [b"gputop.bye", msgpack.packb([1, 2])],
     "no version": [b"gputop.bye", msgpack.packb({"kind": "bye", "body": {}})],
     "version not ints": [b"gputop.bye", msgpack.packb({"v": ["1", "0"], "kind": "bye"})],
     "bool version": [b"gputop.bye", msgpack.packb({"v": [True, 0], "kind": "bye"})],
-    "unknown kind": payload(kind="shout"),
     "topic/kind mismatch": [b"gputop.steps", payload()[1]],
-    "body not a map": [b"gputop.bye", msgpack.packb({"v": [1, 0], "kind": "bye", "body": 3})],
+    "body not a map": [
+        b"gputop.bye",
+        msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": "bye", "body": 3}),
+    ],
     "missing field": [
         b"gputop.bye",
-        msgpack.packb({"v": [1, 0], "kind": "bye", "body": {"source_id": "a"}}),
+        msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": "bye", "body": {"source_id": "a"}}),
     ],
     "wrong type": payload(steps="many"),
     "bool for int": payload(steps=True),
@@ -148,10 +174,45 @@ MALFORMED = {
         source_id="a",
         sent=0,
         dropped=0,
-        records=[
-            {"index": 0, "end_time": math.nan, "period_s": 1.0, "wait_s": None, "samples": None}
-        ],
+        records=[[0, math.nan, 1.0, None, None]],
     ),
+    "kind not a string": [b"gputop.bye", msgpack.packb({"v": [2, 0], "kind": [1], "body": {}})],
+    "time far in the future": payload(
+        kind="system", source_id="a", sample={"time": 1e308, "host": "h", "interval_s": None}
+    ),
+    "infinite reading": payload(
+        kind="system",
+        source_id="a",
+        sample={"time": 1.0, "host": "h", "interval_s": 1.0, "nets": [["lo", math.inf, 0.0]]},
+    ),
+    "negative duration": payload(
+        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, -0.5, None, None]]
+    ),
+    "negative wait": payload(
+        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, 0.5, -1.0, None]]
+    ),
+    "record as a map": payload(
+        kind="steps",
+        source_id="a",
+        sent=0,
+        dropped=0,
+        records=[{"index": 0, "end_time": 1.0, "period_s": 1.0, "wait_s": None, "samples": 1}],
+    ),
+    "too many records": payload(
+        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, 0.1, None, None]] * 20_001
+    ),
+    "too many cores": payload(
+        kind="system",
+        source_id="a",
+        sample={
+            "time": 1.0,
+            "host": "h",
+            "interval_s": None,
+            "cpu": {"cores": [[0, 1, 1, 1, 1, 1]] * 100_001, "load_avg": None},
+        },
+    ),
+    "negative pid": payload(kind="bye", steps=-1),
+    "deeply nested": [b"gputop.bye", b"\x91" * 100_000 + b"\xc0"],
     "string too long": payload(reason="x" * 5000),
     "binary blob": payload(reason=b"bytes"),
     "map keys not str": [b"gputop.bye", msgpack.packb({1: 2})],
@@ -199,7 +260,10 @@ json_like = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(kind=st.sampled_from(["hello", "steps", "system", "bye"]), body=json_like)
 def test_fuzz_structured_bodies_only_raise_protocol_errors(kind: str, body: object) -> None:
-    frames = [b"gputop." + kind.encode(), msgpack.packb({"v": [1, 0], "kind": kind, "body": body})]
+    frames = [
+        b"gputop." + kind.encode(),
+        msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": kind, "body": body}),
+    ]
     # Anything but a ProtocolError (or no error) fails the test.
     with contextlib.suppress(ProtocolError):
         decode(frames)
@@ -219,3 +283,132 @@ def test_fuzz_structured_bodies_only_raise_protocol_errors(kind: str, body: obje
 def test_round_trip_any_step(record: StepRecord) -> None:
     message = Steps("h:1", (record,), 0, 0)
     assert decode(encode(message)) == message
+
+
+def test_unknown_kind_is_its_own_error_so_readers_can_skip_it() -> None:
+    with pytest.raises(UnknownKind):
+        decode(payload(kind="shout"))
+
+
+def test_encode_steps_from_wire_tuples_gives_the_same_bytes() -> None:
+    rows = [tuple(getattr(r, f) for f in StepRecord.__struct_fields__) for r in STEPS.records]
+    frames = encode_steps(STEPS.source_id, rows, STEPS.sent, STEPS.dropped, STEPS.dropped_steps)
+    assert frames == encode(STEPS)
+
+
+def test_a_step_record_is_a_short_array_on_the_wire() -> None:
+    # index near a million, float times, a wait and a sample count: the usual host record
+    record = StepRecord(999_999, 1700000001.123, 0.0123, 0.0021, 256)
+    packed = msgspec.msgpack.encode(record)
+    assert msgpack.unpackb(packed)[:5] == [999_999, 1700000001.123, 0.0123, 0.0021, 256]
+    assert len(packed) <= 40
+
+
+def test_an_older_minor_record_without_the_trailing_fields_decodes() -> None:
+    frames = payload(
+        kind="steps", source_id="a", sent=0, dropped=0, records=[[3, 5.0, 1.0, 0.5, 8]]
+    )
+    message = decode(frames)
+    assert isinstance(message, Steps)
+    assert message.records == (StepRecord(3, 5.0, 1.0, 0.5, 8),)
+
+
+def test_a_newer_minor_record_with_more_fields_decodes() -> None:
+    row = [3, 5.0, 1.0, 0.5, 8, None, None, [], None, "future", 42]
+    message = decode(payload(kind="steps", source_id="a", sent=0, dropped=0, records=[row]))
+    assert isinstance(message, Steps) and message.records[0].index == 3
+
+
+# ------------------------------------------------------------------- mutation fuzz
+# `make fuzz` runs 1,000,000 mutated payloads (GPUTOP_FUZZ_N); the normal run 20,000.
+FUZZ_N = int(os.environ.get("GPUTOP_FUZZ_N", "20000"))
+FUZZ_SEED = 20261123
+NASTY: list[object] = [
+    None,
+    True,
+    -1,
+    2**64 - 1,
+    -(2**63),
+    1e308,
+    -1e308,
+    math.nan,
+    math.inf,
+    -0.0,
+    "",
+    "x" * 5000,
+    "\x1b[2J",
+    b"bin",
+    [],
+    {},
+    [1],
+    {"a": 1},
+    [[0, 1.0, 1.0, None, None]],
+]
+
+
+def _mutate_tree(rng: random.Random, node: object) -> object:
+    """Replace one randomly chosen node of a decoded msgpack tree."""
+    if isinstance(node, dict) and node and rng.random() < 0.8:
+        key = rng.choice(list(node))
+        if rng.random() < 0.1:
+            return {k: v for k, v in node.items() if k != key}  # drop a field
+        return node | {key: _mutate_tree(rng, node[key])}
+    if isinstance(node, list) and node and rng.random() < 0.8:
+        i = rng.randrange(len(node))
+        return [*node[:i], _mutate_tree(rng, node[i]), *node[i + 1 :]]
+    return rng.choice(NASTY)
+
+
+def _mutate_bytes(rng: random.Random, data: bytes, corpus: list[bytes]) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(6)
+        pos = rng.randrange(len(b) + 1)
+        if op == 0 and b:  # flip
+            b[min(pos, len(b) - 1)] = rng.randrange(256)
+        elif op == 1:  # insert
+            b[pos:pos] = rng.randbytes(rng.randint(1, 8))
+        elif op == 2:  # delete
+            del b[pos : pos + rng.randint(1, 16)]
+        elif op == 3:  # truncate
+            del b[pos:]
+        elif op == 4:  # splice another valid payload
+            other = rng.choice(corpus)
+            b[pos:] = other[rng.randrange(len(other) + 1) :]
+        else:  # duplicate a chunk
+            b[pos:pos] = b[max(0, pos - 16) : pos]
+    return bytes(b)
+
+
+def fuzz(n: int, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    corpus = [encode(m) for m in (HELLO, STEPS, SYSTEM, LOOP, BYE)]
+    payloads = [frames[1] for frames in corpus]
+    outcome = {"decoded": 0, "protocol-error": 0}
+    for _ in range(n):
+        topic_frame, data = rng.choice(corpus)
+        if rng.random() < 0.5:
+            mutated = _mutate_bytes(rng, data, payloads)
+        else:
+            tree = msgpack.unpackb(data)
+            try:
+                mutated = msgpack.packb(_mutate_tree(rng, tree))
+            except (TypeError, ValueError, OverflowError):
+                continue
+        if rng.random() < 0.05:
+            topic_frame = rng.choice(corpus)[0]
+        try:
+            message = decode([topic_frame, mutated])
+        except ProtocolError:
+            outcome["protocol-error"] += 1
+        else:
+            assert isinstance(message, (Hello, Steps, System, Loop, Bye))
+            outcome["decoded"] += 1
+    return outcome
+
+
+def test_fuzz_mutated_payloads_only_raise_protocol_errors() -> None:
+    # Any exception but a ProtocolError escapes and fails the test.
+    outcome = fuzz(FUZZ_N, FUZZ_SEED)
+    assert outcome["decoded"] > 0 and outcome["protocol-error"] > 0
+    assert sum(outcome.values()) >= FUZZ_N * 0.9

@@ -11,8 +11,25 @@ from typing import Any
 import msgpack
 import zmq
 
+# docs/protocol.md, "StepRecord": a record is an array in this field order; a reader
+# takes the fields it knows and ignores trailing ones (a later minor may add some).
+STEP_FIELDS = (
+    "index",
+    "end_time",
+    "period_s",
+    "wait_s",
+    "samples",
+    "device_s",
+    "device_idle_s",
+    "phases",
+    "device_caught_up",
+)
+KNOWN_KINDS = {"hello", "steps", "system", "loop", "bye"}
+
 
 class WireReader:
+    open_readers: list[WireReader] = []  # closed by tests' teardown if a test failed
+
     def __init__(self, endpoint: str) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -20,9 +37,12 @@ class WireReader:
         self.sock.setsockopt(zmq.SUBSCRIBE, b"gputop.")
         self.sock.connect(endpoint)
         self.messages: list[dict[str, Any]] = []
+        self.closed = False
+        WireReader.open_readers.append(self)
 
-    def pump(self, seconds: float) -> list[dict[str, Any]]:
-        """Read for ``seconds``; return the new messages as {"kind", "v", "body"} maps."""
+    def pump(self, seconds: float, until: str | None = None) -> list[dict[str, Any]]:
+        """Read for ``seconds`` (or until a message of kind ``until``); return the new
+        messages as {"kind", "v", "body"} maps, step records turned into maps."""
         new = []
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
@@ -31,8 +51,16 @@ class WireReader:
             topic, payload = self.sock.recv_multipart()
             data = msgpack.unpackb(payload, raw=False)
             assert topic == b"gputop." + data["kind"].encode()
-            assert data["v"][0] == 1
+            assert data["v"][0] == 2
+            if data["kind"] not in KNOWN_KINDS:
+                continue  # the spec: skip kinds you do not know
+            if data["kind"] == "steps":
+                data["body"]["records"] = [
+                    dict(zip(STEP_FIELDS, r, strict=False)) for r in data["body"]["records"]
+                ]
             new.append(data)
+            if until is not None and data["kind"] == until:
+                break
         self.messages.extend(new)
         return new
 
@@ -43,5 +71,16 @@ class WireReader:
         return [r for body in self.of_kind("steps") for r in body["records"]]
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.sock.close(0)
         self.ctx.term()
+        WireReader.open_readers.remove(self)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """A reader left open is garbage-collected later, and pyzmq's context finalizer
+        can then block the whole test session: close them deterministically."""
+        for reader in list(cls.open_readers):
+            reader.close()
