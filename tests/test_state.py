@@ -24,6 +24,7 @@ from fakes_tui import (
 )
 
 import gputop_dl.tui.state as state_module
+import gputop_dl.tui.state.run as run_module
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
@@ -302,7 +303,7 @@ def test_lost_messages_count_only_since_the_viewer_attached() -> None:
 
 
 def test_ring_buffers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_module, "MAX_STEP_RECORDS", 50)
+    monkeypatch.setattr(run_module, "MAX_STEP_RECORDS", 50)
     state = ViewerState(HOST, history_s=10.0)
     steady(state, duration_s=60.0)
     state.apply_all(systems_events(T0, T0 + 100, with_processes=False))
@@ -321,7 +322,7 @@ def test_old_step_records_are_dropped_but_the_totals_kept() -> None:
     steady(state, duration_s=200.0)
     state.tick(T0 + 200.05)
     steps = state.steps()
-    assert steps[0].end_time >= T0 + 200.0 - state_module.STEP_KEEP_S
+    assert steps[0].end_time >= T0 + 200.0 - run_module.STEP_KEEP_S
     assert state.selected is not None
     assert state.selected.step_count == 800
     assert state.selected.rate_avg == pytest.approx(100.0)
@@ -348,7 +349,7 @@ def test_runs_are_ordered_by_name_and_rank_and_switch() -> None:
     three_runs(state)
     state.tick(T0)
     assert [r.rank for r in state.runs] == [0, 1, 2]
-    assert [r.label for r in state.runs] == ["resnet50 r0", "resnet50 r1", "resnet50 r2"]
+    assert [r.label for r in state.runs] == ["resnet50 · r0", "resnet50 · r1", "resnet50 · r2"]
     assert state.selected_index == 0
     state.select_next()
     assert state.selected is not None and state.selected.rank == 1
@@ -363,16 +364,19 @@ def test_runs_are_ordered_by_name_and_rank_and_switch() -> None:
     assert state.selected.rank == 1
 
 
-def test_selection_follows_the_run_when_a_new_one_sorts_before_it() -> None:
+def test_a_new_run_takes_a_new_slot_and_renumbers_nothing() -> None:
     state = ViewerState(HOST)
     three_runs(state)
     state.tick(T0)
     state.select(1)
+    before = [(r.key, r.slot) for r in state.runs]
     state.apply(received(hello("z:9", name="alexnet", rank=0), T0 + 1))
     state.tick(T0 + 1)
     assert state.selected is not None
     assert (state.selected.name, state.selected.rank) == ("resnet50", 1)
-    assert state.selected_index == 2
+    assert state.selected_index == 1
+    assert [(r.key, r.slot) for r in state.runs][:3] == before
+    assert (state.runs[3].key, state.runs[3].slot) == ("z:9", 3)
 
 
 def test_panels_follow_the_selected_run_host() -> None:
@@ -459,7 +463,7 @@ def test_analyzer_gets_a_window_per_live_run(monkeypatch: pytest.MonkeyPatch) ->
     (window,) = windows
     assert window.now == NOW
     assert window.hello is not None and window.hello.name == "resnet50"
-    assert window.steps and window.steps[0].end_time >= NOW - state_module.ANALYSIS_WINDOW_S
+    assert window.steps and window.steps[0].end_time >= NOW - run_module.ANALYSIS_WINDOW_S
     assert window.steps[-1].end_time <= NOW
     assert window.systems and all(s.time >= NOW - 30 for s in window.systems)
     assert state.selected is not None and state.selected.verdict is not None
@@ -581,7 +585,7 @@ def test_the_analyzer_always_gets_the_last_steps_however_old(
     _hanging(state, last, last + 600.0)
     state.tick(last + 600.0)
     (window,) = windows
-    assert list(window.steps) == list(records[-state_module.MIN_WINDOW_STEPS :])
+    assert list(window.steps) == list(records[-run_module.MIN_WINDOW_STEPS :])
 
 
 def test_a_viewer_attached_during_a_hang_sees_it_in_the_hello() -> None:
