@@ -170,9 +170,10 @@ class ViewerState:
         if received < self._evictable_at:
             return False
         oldest_key, oldest_time = None, float("inf")
+        shown = self.selected
         for key, source in self._sources.items():
-            if key == self._selected_key:
-                continue
+            if shown is not None and key == shown.key:
+                continue  # the run on screen stays, however silent
             heard = source.last_received
             if heard is None and source.incompatible is not None:
                 heard = source.incompatible.received
@@ -313,6 +314,7 @@ class ViewerState:
         for key in expired:
             self._forget(key)
         self._place_new_runs([run for run, _ in runs if run.slot is None])
+        runs = [(run, connection) for run, connection in runs if run.source_id in self._sources]
         self._share_step_budget([run for run, _ in runs])
         runs.sort(key=lambda item: item[0].slot or 0)
         names = labels([_who(run) for run, _ in runs])
