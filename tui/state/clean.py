@@ -62,20 +62,26 @@ def check_time(time: float, received: float) -> bool:
 
 def clean_step(record: StepRecord, received: float) -> StepRecord | None:
     """The record if its values make sense (a wait a hair over the period, from rounding,
-    is cut to the period); None to drop it."""
-    period = record.period_s
-    if (
-        record.index < 0
-        or not check_time(record.end_time, received)
-        or not _finite(period, 0.0, MAX_DURATION_S)
-        or not _finite(record.wait_s, 0.0, period + 1e-3)
-        or not _finite(record.device_s, 0.0, MAX_DURATION_S)
-        or not _finite(record.device_idle_s, 0.0, MAX_DURATION_S)
-        or (record.samples is not None and not 0 <= record.samples <= MAX_SAMPLES)
-        or not all(_finite(seconds, 0.0, MAX_DURATION_S) for _name, seconds in record.phases)
+    is cut to the period); None to drop it. Called for every step: plain comparisons,
+    which NaN fails and infinities fail against the bounds."""
+    period, wait = record.period_s, record.wait_s
+    if not (
+        0.0 <= period <= MAX_DURATION_S
+        and -MAX_SKEW_S <= record.end_time - received <= MAX_SKEW_S
+        and record.index >= 0
     ):
         return None
-    if record.wait_s is not None and record.wait_s > period:
+    device, idle, samples = record.device_s, record.device_idle_s, record.samples
+    if (
+        (wait is not None and not 0.0 <= wait <= period + 1e-3)
+        or (device is not None and not 0.0 <= device <= MAX_DURATION_S)
+        or (idle is not None and not 0.0 <= idle <= MAX_DURATION_S)
+        or (samples is not None and not 0 <= samples <= MAX_SAMPLES)
+    ):
+        return None
+    if record.phases and not all(0.0 <= seconds <= MAX_DURATION_S for _, seconds in record.phases):
+        return None
+    if wait is not None and wait > period:
         return evolve(record, wait_s=period)
     return record
 

@@ -46,6 +46,7 @@ class ThroughputPoint:
     wait_share: float | None  # 0..1 of the covered time spent waiting for data
     covered_s: float  # how much of the bucket the received steps cover
     pending: bool = False  # synthetic: no step has ended here yet (the run is stuck)
+    device_share: float | None = None  # 0..1 of the covered time the device was busy
 
     def rate(self, unit: str) -> float | None:
         return self.samples_per_s if unit == SAMPLES_UNIT else self.steps_per_s

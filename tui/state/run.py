@@ -166,34 +166,38 @@ class Run:
             records = records[-MAX_STEP_RECORDS:]
         invalid = 0
         throughput = self.throughput
-        steps = self.steps
+        last_index, last_end = self.last_index, throughput.last_end
+        accepted: list[StepRecord] = []
         for record in records:
-            last_index = self.last_index
             if last_index is not None and record.index <= last_index:
                 continue  # the probe's history, replayed to a new subscriber
-            last_end = throughput.last_end
             if last_end is not None and record.end_time <= last_end:
                 continue  # out of order: the points already cover that time
             checked = clean_step(record, received)
             if checked is None:
                 invalid += 1
                 continue
-            if self.first_start is None:
-                self.first_start = checked.end_time - checked.period_s
-            steps.append(checked)
-            self.last_index = checked.index
-            self.total_steps += 1
-            if checked.samples is not None:
+            accepted.append(checked)
+            last_index, last_end = checked.index, checked.end_time
+        if not accepted:
+            return invalid
+        if self.first_start is None:
+            self.first_start = accepted[0].end_time - accepted[0].period_s
+        self.last_index = last_index
+        self.total_steps += len(accepted)
+        for record in accepted:
+            if record.samples is not None:
                 self.samples_known = True
-                self.total_samples += checked.samples
-            throughput.add(checked)
+                self.total_samples += record.samples
+        self.steps.extend(accepted)
+        throughput.add(accepted)
+        steps = self.steps
         if throughput.last_end is not None:
             throughput.finish_until(throughput.last_end)
             oldest = throughput.last_end - STEP_KEEP_S
             while len(steps) > MIN_WINDOW_STEPS and steps[0].end_time < oldest:
                 steps.popleft()
-            if records:
-                self.clock_offsets.append(received - throughput.last_end)
+            self.clock_offsets.append(received - throughput.last_end)
         return invalid
 
     # ---------------------------------------------------------------- reads
@@ -239,22 +243,17 @@ class Run:
         return total / elapsed
 
     def shares(self) -> tuple[float | None, float | None]:
-        """Shares of the recent step time the data wait and the device take, each over
-        the records that report it."""
-        since = (self.throughput.last_end or 0.0) - RATE_WINDOW_S
+        """Shares of the recent step time (the last RATE_WINDOW_S of finished points) the
+        data wait and the device take, each over the time that reports it."""
+        count = round(RATE_WINDOW_S / BUCKET_S)
         wait = wait_covered = device = device_covered = 0.0
-        for record in reversed(self.steps):
-            if record.end_time < since:
-                break
-            period = record.period_s
-            if period <= 0:
-                continue
-            if record.wait_s is not None:
-                wait += min(record.wait_s, period)
-                wait_covered += period
-            if record.device_s is not None:
-                device += min(record.device_s, period)
-                device_covered += period
+        for point in islice(reversed(self.throughput.points), count):
+            if point.wait_share is not None:
+                wait += point.wait_share * point.covered_s
+                wait_covered += point.covered_s
+            if point.device_share is not None:
+                device += point.device_share * point.covered_s
+                device_covered += point.covered_s
         return (
             wait / wait_covered if wait_covered > 0 else None,
             device / device_covered if device_covered > 0 else None,

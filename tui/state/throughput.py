@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import StepRecord
@@ -12,13 +13,15 @@ from gputop_dl.tui.state.model import ThroughputPoint
 BUCKET_S = 0.5  # one throughput point per half second of the run's clock
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bucket:
     samples: float = 0.0
     steps: float = 0.0
     covered_s: float = 0.0
     wait_s: float = 0.0
     wait_covered_s: float = 0.0
+    device_s: float = 0.0
+    device_covered_s: float = 0.0
 
 
 def _overlap(start: float, end: float, lo: float, hi: float) -> float:
@@ -36,36 +39,72 @@ class Throughput:
         self._finished_any = False
         self.last_end: float | None = None
 
-    def add(self, record: StepRecord) -> None:
-        end = record.end_time
-        period = max(0.0, record.period_s)
-        start = max(end - period, end - self._max_points * BUCKET_S)
-        if self._last_final is not None:  # never reopen a finished bucket
-            start = max(start, (self._last_final + 1) * BUCKET_S)
-        if end <= start:
-            return
+    def add(self, records: Sequence[StepRecord]) -> None:
+        """Spread each record (validated: finite, non-negative durations, newer than the
+        last) over the buckets its period covers. The hot path of the viewer's ingest:
+        a step inside one bucket (the usual case) takes no loop and no call."""
+        buckets = self._open
+        horizon = self._max_points * BUCKET_S
+        low = None if self._last_final is None else (self._last_final + 1) * BUCKET_S
+        last_end = self.last_end
+        floor = math.floor
+        for record in records:
+            end = record.end_time
+            period = record.period_s
+            start = end - period if period < horizon else end - horizon
+            if low is not None and start < low:
+                start = low  # never reopen a finished bucket
+            if end <= start:
+                continue  # also every zero period: below, period > 0
+            if last_end is None or end > last_end:
+                last_end = end
+            first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
+            if last > first and end == last * BUCKET_S:
+                last -= 1  # a step ending exactly on a boundary belongs to the bucket before
+            if first != last:
+                self._spread(record, start, end, first, last)
+                continue
+            bucket = buckets.get(first)
+            if bucket is None:
+                bucket = buckets[first] = _Bucket()
+            cover = end - start
+            bucket.samples += record.samples or 0
+            bucket.steps += 1.0
+            bucket.covered_s += cover
+            # The wait and the device time are spread over the step like the samples: at
+            # half-second resolution their share is what matters, not where they fell.
+            wait, device = record.wait_s, record.device_s
+            if wait is not None:  # validated: wait <= period
+                bucket.wait_covered_s += cover
+                bucket.wait_s += wait * cover / period
+            if device is not None:
+                bucket.device_covered_s += cover
+                bucket.device_s += (device if device < period else period) * cover / period
+        self.last_end = last_end
+
+    def _spread(self, record: StepRecord, start: float, end: float, first: int, last: int) -> None:
+        """A step over several buckets: each gets the part of it that fell in it."""
         span = end - start
-        wait = record.wait_s
-        # The wait is spread over the step like the samples: at half-second resolution
-        # its share is what matters, not where inside the step it fell.
+        period = record.period_s
+        samples = record.samples or 0
+        wait, device = record.wait_s, record.device_s
         wait_fraction = min(1.0, wait / period) if wait is not None and period > 0 else 0.0
-        first, last = math.floor(start / BUCKET_S), math.floor(end / BUCKET_S)
-        if last > first and end == last * BUCKET_S:
-            last -= 1  # a step ending exactly on a boundary belongs to the bucket before
+        device_fraction = min(1.0, device / period) if device is not None and period > 0 else 0.0
         for index in range(first, last + 1):
-            lo, hi = index * BUCKET_S, (index + 1) * BUCKET_S
-            cover = _overlap(start, end, lo, hi)
+            cover = _overlap(start, end, index * BUCKET_S, (index + 1) * BUCKET_S)
             if cover <= 0.0:
                 continue
             bucket = self._open.setdefault(index, _Bucket())
             share = cover / span
-            bucket.samples += (record.samples or 0) * share
+            bucket.samples += samples * share
             bucket.steps += share
             bucket.covered_s += cover
             if wait is not None:
                 bucket.wait_covered_s += cover
                 bucket.wait_s += wait_fraction * cover
-        self.last_end = end if self.last_end is None else max(self.last_end, end)
+            if device is not None:
+                bucket.device_covered_s += cover
+                bucket.device_s += device_fraction * cover
 
     def finish_until(self, end: float) -> None:
         """Close every bucket that ends at or before ``end``: no later step can add to it."""
@@ -97,6 +136,9 @@ class Throughput:
             return ThroughputPoint(end, 0.0, 0.0, None, BUCKET_S, pending=pending)
         covered = BUCKET_S if whole or pending else bucket.covered_s
         wait_share = bucket.wait_s / bucket.wait_covered_s if bucket.wait_covered_s > 0 else None
+        device_share = (
+            bucket.device_s / bucket.device_covered_s if bucket.device_covered_s > 0 else None
+        )
         return ThroughputPoint(
             end,
             bucket.samples / covered,
@@ -104,6 +146,7 @@ class Throughput:
             wait_share,
             covered,
             pending=pending,
+            device_share=device_share,
         )
 
     def pending_points(self, now: float) -> tuple[ThroughputPoint, ...]:
