@@ -6,6 +6,11 @@ read (BadInput) and go on delivering the valid messages that follow.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +25,7 @@ from gputop_dl.probe.protocol import encode, topic
 from gputop_dl.probe.transport import Publisher
 from gputop_dl.tui.events import BadInput, Received, SourceEvent
 from gputop_dl.tui.source import ZmqSource
+from gputop_dl.tui.state import GONE_TEXT, RunSummary, ViewerState
 
 DEADLINE_S = 10.0
 
@@ -154,3 +160,52 @@ def test_a_flood_of_garbage_is_reported_rate_limited_and_valid_messages_still_pa
     assert delivered(pub, got, "after")
     # The same fault is reported at most once a second, however often it arrives.
     assert 1 <= len(got.bad()) <= 50
+
+
+KILLABLE = """
+import itertools, time
+from gputop_dl import probe
+for _ in probe.watch(itertools.count()):
+    time.sleep(0.01)
+"""
+
+
+def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "GPUTOP_LISTEN": endpoint, "GPUTOP_NAME": "killme"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE], env=env)
+    state = ViewerState(socket.gethostname())  # this host: its pids can be checked
+    got = Collected()
+    src = ZmqSource([endpoint], discover=False, local_sampler=False)
+    src.start(got)
+    applied = 0
+
+    def shown(now: float) -> RunSummary | None:
+        nonlocal applied
+        events = got.snapshot()
+        state.apply_all(events[applied:])
+        applied = len(events)
+        state.tick(now)
+        return next((run for run in state.runs if run.name == "killme"), None)
+
+    try:
+        assert until(lambda: (run := shown(time.time())) is not None and run.step_count > 10)
+        proc.send_signal(signal.SIGKILL)  # the OOM killer's way: no bye
+        proc.wait()
+        killed = time.time()
+        gone_at = None
+        while gone_at is None and time.time() - killed < DEADLINE_S:
+            time.sleep(0.25)
+            now = time.time()
+            run = shown(now)
+            if run is not None and run.connection.text == GONE_TEXT:
+                gone_at = now
+        assert gone_at is not None, "never shown as gone"
+        assert gone_at - killed <= 3.0
+    finally:
+        src.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -158,29 +158,30 @@ def test_a_new_hello_after_bye_is_a_restart() -> None:
 
 def test_incompatible_shows_both_versions_and_lists_the_error() -> None:
     state = ViewerState(HOST)
-    event = incompatible(T0, theirs=(2, 3))
+    newer = (PROTOCOL_MAJOR + 1, 3)
+    event = incompatible(T0, theirs=newer)
     state.apply(event)
     state.tick(T0 + 1)
     run = state.selected
     assert run is not None
     assert run.key == SOURCE_ID
     assert run.connection.state == "incompatible"
-    assert "2.3" in run.connection.text
+    assert f"{PROTOCOL_MAJOR + 1}.3" in run.connection.text
     assert f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}" in run.connection.text
-    assert run.theirs == (2, 3)
+    assert run.theirs == newer
     assert event.text in state.errors[-1].text
     assert state.errors[-1].source == SOURCE_ID
-    assert "upgrade this gputop" in state_module.upgrade_advice((2, 3))
+    assert "upgrade this gputop" in state_module.upgrade_advice(newer)
     assert "training environment" in state_module.upgrade_advice((0, 9))
 
 
 def test_incompatible_peer_without_a_source_hint_still_shows() -> None:
     state = ViewerState(HOST)
-    state.apply(incompatible(T0, theirs=(3, 0), hint=None))
+    state.apply(incompatible(T0, theirs=(PROTOCOL_MAJOR + 2, 0), hint=None))
     state.tick(T0)
     (run,) = state.runs
     assert run.connection.state == "incompatible"
-    assert "3.0" in run.name
+    assert f"{PROTOCOL_MAJOR + 2}.0" in run.name
 
 
 def test_valid_message_clears_incompatible() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -84,6 +85,48 @@ def clean_step(record: StepRecord, received: float) -> StepRecord | None:
     if wait is not None and wait > period:
         return evolve(record, wait_s=period)
     return record
+
+
+def new_steps(
+    records: Sequence[StepRecord], received: float, last_index: int | None, last_end: float | None
+) -> tuple[list[StepRecord], int]:
+    """The records newer than ``last_index``/``last_end`` (the probe replays its history to
+    each new subscriber: same indices again) whose values make sense, and how many had
+    impossible ones. One call per message: the checks of :func:`clean_step`, inlined."""
+    accepted: list[StepRecord] = []
+    invalid = 0
+    low_end, high_end = received - MAX_SKEW_S, received + MAX_SKEW_S
+    for record in records:
+        index, end = record.index, record.end_time
+        if (last_index is not None and index <= last_index) or (
+            last_end is not None and end <= last_end
+        ):
+            continue  # replayed, or out of order: the points already cover that time
+        period, wait, device, idle = (
+            record.period_s,
+            record.wait_s,
+            record.device_s,
+            record.device_idle_s,
+        )
+        if (
+            0.0 <= period <= MAX_DURATION_S
+            and low_end <= end <= high_end
+            and index >= 0
+            and (wait is None or 0.0 <= wait <= period)
+            and (device is None or 0.0 <= device <= MAX_DURATION_S)
+            and (idle is None or 0.0 <= idle <= MAX_DURATION_S)
+            and not record.phases
+            and (record.samples is None or 0 <= record.samples <= MAX_SAMPLES)
+        ):
+            accepted.append(record)  # the usual record, checked without a call
+        else:
+            checked = clean_step(record, received)
+            if checked is None:
+                invalid += 1
+                continue
+            accepted.append(checked)
+        last_index, last_end = index, end
+    return accepted, invalid
 
 
 def clean_hello(hello: Hello, received: float) -> Hello | None:

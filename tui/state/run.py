@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput
-from gputop_dl.tui.state.clean import clean_step, clean_text, evolve
+from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
 from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
 from gputop_dl.tui.state.throughput import BUCKET_S, Throughput
 
@@ -164,26 +164,13 @@ class Run:
         records: Sequence[StepRecord] = message.records
         if len(records) > MAX_STEP_RECORDS:  # more than a run keeps: only the newest count
             records = records[-MAX_STEP_RECORDS:]
-        invalid = 0
         throughput = self.throughput
-        last_index, last_end = self.last_index, throughput.last_end
-        accepted: list[StepRecord] = []
-        for record in records:
-            if last_index is not None and record.index <= last_index:
-                continue  # the probe's history, replayed to a new subscriber
-            if last_end is not None and record.end_time <= last_end:
-                continue  # out of order: the points already cover that time
-            checked = clean_step(record, received)
-            if checked is None:
-                invalid += 1
-                continue
-            accepted.append(checked)
-            last_index, last_end = checked.index, checked.end_time
+        accepted, invalid = new_steps(records, received, self.last_index, throughput.last_end)
         if not accepted:
             return invalid
         if self.first_start is None:
             self.first_start = accepted[0].end_time - accepted[0].period_s
-        self.last_index = last_index
+        self.last_index = accepted[-1].index
         self.total_steps += len(accepted)
         for record in accepted:
             if record.samples is not None:

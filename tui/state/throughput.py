@@ -41,13 +41,15 @@ class Throughput:
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Spread each record (validated: finite, non-negative durations, newer than the
-        last) over the buckets its period covers. The hot path of the viewer's ingest:
-        a step inside one bucket (the usual case) takes no loop and no call."""
-        buckets = self._open
+        last) over the buckets its period covers. The viewer's hot path: consecutive
+        steps inside one bucket (the usual case) are summed in locals and written to
+        the bucket once."""
         horizon = self._max_points * BUCKET_S
         low = None if self._last_final is None else (self._last_final + 1) * BUCKET_S
         last_end = self.last_end
         floor = math.floor
+        current = None  # index of the bucket summed in the locals below
+        samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
         for record in records:
             end = record.end_time
             period = record.period_s
@@ -64,23 +66,51 @@ class Throughput:
             if first != last:
                 self._spread(record, start, end, first, last)
                 continue
-            bucket = buckets.get(first)
-            if bucket is None:
-                bucket = buckets[first] = _Bucket()
+            if first != current:
+                if current is not None:
+                    self._put(
+                        current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
+                    )
+                current = first
+                samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
             cover = end - start
-            bucket.samples += record.samples or 0
-            bucket.steps += 1.0
-            bucket.covered_s += cover
+            samples += record.samples or 0
+            steps += 1.0
+            covered += cover
             # The wait and the device time are spread over the step like the samples: at
             # half-second resolution their share is what matters, not where they fell.
             wait, device = record.wait_s, record.device_s
             if wait is not None:  # validated: wait <= period
-                bucket.wait_covered_s += cover
-                bucket.wait_s += wait * cover / period
+                wait_cov += cover
+                wait_s += wait * cover / period
             if device is not None:
-                bucket.device_covered_s += cover
-                bucket.device_s += (device if device < period else period) * cover / period
+                device_cov += cover
+                device_s += (device if device < period else period) * cover / period
+        if current is not None:
+            self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
         self.last_end = last_end
+
+    def _put(
+        self,
+        index: int,
+        samples: float,
+        steps: float,
+        covered: float,
+        wait_s: float,
+        wait_covered: float,
+        device_s: float,
+        device_covered: float,
+    ) -> None:
+        bucket = self._open.get(index)
+        if bucket is None:
+            bucket = self._open[index] = _Bucket()
+        bucket.samples += samples
+        bucket.steps += steps
+        bucket.covered_s += covered
+        bucket.wait_s += wait_s
+        bucket.wait_covered_s += wait_covered
+        bucket.device_s += device_s
+        bucket.device_covered_s += device_covered
 
     def _spread(self, record: StepRecord, start: float, end: float, first: int, last: int) -> None:
         """A step over several buckets: each gets the part of it that fell in it."""

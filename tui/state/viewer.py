@@ -72,6 +72,7 @@ MAX_ENDPOINTS = 256
 MAX_TOTAL_STEP_RECORDS = 200_000  # shared by all runs (~50 MB); each keeps at least:
 MAX_WINDOW_RECORDS = 2 * MAX_WINDOW_STEPS  # the analyzer reads the last MAX_WINDOW_STEPS
 ANALYZE_EVERY_S = 0.9  # a run's verdict is recomputed about once a second (every 2nd tick)
+OTHERS_PER_TICK = 4  # ... runs not on screen: this many a tick, those judged longest ago
 MAX_ERRORS = 20
 STALL_MIN_S = 1.0  # no step for this long (and twice the usual step) shows as a stall
 LOOP_STATES = frozenset({"in-loop", "outside"})
@@ -288,6 +289,7 @@ class ViewerState:
             self._add_error(self._now, f"cannot use {endpoint}{detail}", event.endpoint)
 
     def _add_error(self, when: float | None, text: str, source: str | None = None) -> None:
+        text = clean_text(text)  # it may quote the wire (an analyzer's message, a name)
         self._error_count += 1
         if self._errors and self._errors[-1].text == text:
             return  # the same problem again: counted, listed once
@@ -318,21 +320,37 @@ class ViewerState:
         self._share_step_budget([run for run, _ in runs])
         runs.sort(key=lambda item: item[0].slot or 0)
         names = labels([_who(run) for run, _ in runs])
+        self._judge(runs, now)
         summaries = []
         for source, connection in runs:
             source.pending = self._pending_points(source, connection, now)
-            if connection.state == LIVE and (source.steps or source.hello is not None):
-                last = source.analyzed_at
-                if source.verdict is None or last is None or not 0 <= now - last < ANALYZE_EVERY_S:
-                    source.verdict = self._analyze(source, now)
-                    source.analyzed_at = now
-            elif source.verdict is None and source.steps and connection.state != LIVE:
-                # Never seen live (attached late): judge it as of its last message, once.
-                source.verdict = self._analyze(source, source.last_received or now)
             label = names[source.source_id]
             summaries.append(self._summary(source, connection, label, now))
         summaries.extend(self._placeholders(summaries))
         self._summaries = tuple(summaries)
+
+    def _judge(self, runs: Sequence[tuple[Run, Connection]], now: float) -> None:
+        """Verdicts: the run on screen about once a second; the others (their switcher
+        dots) in turn, at most OTHERS_PER_TICK a tick, so 64 runs cost a few analyses a
+        tick, not 64."""
+        shown = self.selected.key if self.selected is not None else None
+        due: list[Run] = []
+        for source, connection in runs:
+            if connection.state == LIVE and (source.steps or source.hello is not None):
+                last = source.analyzed_at
+                if source.verdict is None or last is None or not 0 <= now - last < ANALYZE_EVERY_S:
+                    due.append(source)
+            elif source.verdict is None and source.steps and connection.state != LIVE:
+                # Never seen live (attached late): judge it as of its last message, once.
+                source.verdict = self._analyze(source, source.last_received or now)
+        first_time = [s for s in due if s.verdict is None or s.source_id == shown]
+        others = sorted(
+            (s for s in due if s.verdict is not None and s.source_id != shown),
+            key=lambda s: s.analyzed_at or 0.0,
+        )
+        for source in first_time + others[:OTHERS_PER_TICK]:
+            source.verdict = self._analyze(source, now)
+            source.analyzed_at = now
 
     def _check_pid(self, source: Run, now: float) -> None:
         """A local run's pid, at most once a second: gone without a bye means killed."""
