@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 from fakes_tui import (
@@ -42,7 +41,7 @@ from gputop_dl.tui.state import (
     ViewerState,
     clean_text,
 )
-from gputop_dl.tui.state.clean import MAX_CORES, clean_sample, clean_step
+from gputop_dl.tui.state.clean import MAX_CORES, clean_sample, clean_step, evolve
 from gputop_dl.tui.state.roster import Who, labels, next_slots
 from gputop_dl.tui.state.viewer import (
     MAX_SOURCES,
@@ -447,7 +446,7 @@ def test_an_agent_defers_to_a_probe_sampling_the_same_host() -> None:
     state.apply(received(hello(), T0 + 10))
     probe_sample = system_sample(T0 + 10.2)
     state.apply(received(System(SOURCE_ID, probe_sample), T0 + 10.3))
-    agent_sample = replace(system_sample(T0 + 10.5, with_processes=False), host=HOST)
+    agent_sample = evolve(system_sample(T0 + 10.5, with_processes=False), host=HOST)
     state.apply(received(System(f"{HOST}:999", agent_sample), T0 + 10.6))
     state.tick(T0 + 10.7)
     assert state.host_system() is probe_sample
@@ -508,7 +507,7 @@ def test_a_rank_without_host_sampling_gets_host_samples_with_its_own_workers(
     state.apply_all(live_run(NOW))  # rank 0 samples the host, with 4 workers
     rank1 = "gpu-node-07:5001"
     state.apply(received(hello(rank1, rank=1, pid=5001, host_sampler=False), NOW - 5))
-    own = replace(system_sample(NOW - 1, workers=2), host_sampled=False, cpu=None, gpus=())
+    own = evolve(system_sample(NOW - 1, workers=2), host_sampled=False, cpu=None, gpus=())
     state.apply(received(System(rank1, own), NOW - 0.9))
     state.apply_all(steps_events(step_records(NOW - 5, 4.9), rank1))
     state.tick(NOW)
@@ -610,7 +609,7 @@ def test_the_analyzer_always_gets_the_last_steps_however_old(
 def test_a_viewer_attached_during_a_hang_sees_it_in_the_hello() -> None:
     state = ViewerState(HOST)
     last = T0 + 100.0
-    progress = replace(hello(started=T0), step_count=500, last_step_end=last, typical_period_s=0.2)
+    progress = evolve(hello(started=T0), step_count=500, last_step_end=last, typical_period_s=0.2)
     for at in (last + 86.0, last + 88.0):
         state.apply(received(progress, at))
         state.apply(received(System(SOURCE_ID, system_sample(at)), at + 0.02))
@@ -752,7 +751,7 @@ GOOD = StepRecord(index=3, end_time=T0, period_s=0.1, wait_s=0.05, samples=32, d
 def test_step_records_with_impossible_values_are_dropped(
     changes: dict[str, object], kept: bool
 ) -> None:
-    record = replace(GOOD, **changes)  # type: ignore[arg-type]
+    record = evolve(GOOD, **changes)  # type: ignore[arg-type]
     cleaned = clean_step(record, T0)
     assert (cleaned is not None) == kept
     if cleaned is not None and cleaned.wait_s is not None:
@@ -763,21 +762,21 @@ def test_hostile_sample_sizes_are_clamped_and_strings_cleaned() -> None:
     sample = system_sample(T0)
     many = CpuSample(tuple(CpuCore(i, 1.0, 1.0, 0.0, 0.0, 98.0) for i in range(30_000)), None)
     disks = tuple(DiskSample(f"sd\x1b[2J{i}", 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(5_000))
-    cleaned = clean_sample(replace(sample, cpu=many, disks=disks, host="node\x1b]0;x\x07"), T0)
+    cleaned = clean_sample(evolve(sample, cpu=many, disks=disks, host="node\x1b]0;x\x07"), T0)
     assert cleaned is not None and cleaned.cpu is not None
     assert len(cleaned.cpu.cores) == MAX_CORES
     assert len(cleaned.disks) <= 64 and all(d.device.isprintable() for d in cleaned.disks)
     assert cleaned.host.isprintable()
     assert clean_sample(sample, T0) is sample  # a sane sample is not copied
-    assert clean_sample(replace(sample, time=1e308), T0) is None
-    assert clean_sample(replace(sample, interval_s=-1.0), T0) is None
+    assert clean_sample(evolve(sample, time=1e308), T0) is None
+    assert clean_sample(evolve(sample, interval_s=-1.0), T0) is None
 
 
 def test_a_sample_from_year_3e300_is_dropped_and_counted_not_a_crash() -> None:
     state = ViewerState(HOST)
     state.apply_all(live_run(NOW))
-    state.apply(received(System(SOURCE_ID, replace(system_sample(NOW), time=1e308)), NOW))
-    bad_steps = (replace(GOOD, index=10_000, end_time=NOW, device_s=-5.0),)
+    state.apply(received(System(SOURCE_ID, evolve(system_sample(NOW), time=1e308)), NOW))
+    bad_steps = (evolve(GOOD, index=10_000, end_time=NOW, device_s=-5.0),)
     state.apply(received(Steps(SOURCE_ID, bad_steps, 999, 0), NOW))
     state.tick(NOW + 0.5)
     assert state.selected is not None and state.selected.connection.state == "live"
@@ -790,7 +789,7 @@ def test_a_sample_from_year_3e300_is_dropped_and_counted_not_a_crash() -> None:
 
 def test_escape_sequences_in_names_never_reach_the_summary() -> None:
     state = ViewerState(HOST)
-    evil = replace(hello(), name="\x1b]0;owned\x07\x1b[2Jrun", host="h\x1b[31m")
+    evil = evolve(hello(), name="\x1b]0;owned\x07\x1b[2Jrun", host="h\x1b[31m")
     state.apply(received(evil, T0))
     state.apply(received(Bye(SOURCE_ID, "crash\x1b[2J\nnow", 5), T0 + 1))
     state.apply(BadInput("bad \x1b[2J thing", T0 + 1, None, "x\x1b[1m:1"))
@@ -833,7 +832,7 @@ def test_loop_messages_update_the_hello_the_analyzer_reads(
     )
     assert state.selected is not None and state.selected.loop == "outside"
     # A later hello that says "in-loop" since after the Loop message wins.
-    newer = replace(hello(started=NOW - 60), loop="in-loop", loop_since=NOW + 0.5)
+    newer = evolve(hello(started=NOW - 60), loop="in-loop", loop_since=NOW + 0.5)
     state.apply(received(newer, NOW + 0.6))
     state.tick(NOW + 1.0)
     assert windows[-1].hello is not None and windows[-1].hello.loop == "in-loop"
