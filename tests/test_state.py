@@ -24,6 +24,7 @@ from fakes_tui import (
 )
 
 import gputop_dl.tui.state as state_module
+import gputop_dl.tui.state.hosts as hosts_module
 import gputop_dl.tui.state.run as run_module
 import gputop_dl.tui.state.viewer as viewer_module
 from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps, System
@@ -1076,3 +1077,35 @@ def test_the_pid_check_sees_a_dead_child_and_a_reused_pid() -> None:
     assert not process_alive(child.pid, None)
     assert process_alive(os.getpid(), None)
     assert not process_alive(os.getpid(), started=T0)  # this process is newer than T0
+
+
+def test_a_tick_judges_the_shown_run_and_only_a_few_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    windows = _windows(monkeypatch)
+    state = ViewerState(HOST)
+    for n in range(64):
+        sid = f"{HOST}:{2000 + n}"
+        state.apply(received(hello(sid, pid=2000 + n, rank=n), T0))
+        state.apply_all(steps_events(step_records(T0, 10.0), sid))
+    state.tick(T0 + 10.0)
+    assert len(windows) == 64  # each run once, for its first verdict
+    state.select(40)
+    for k in range(1, 9):
+        for n in range(64):  # all still talking
+            state.apply(received(hello(f"{HOST}:{2000 + n}", pid=2000 + n, rank=n), T0 + 10 + k))
+        before = len(windows)
+        state.tick(T0 + 10.0 + k)
+        judged = windows[before:]
+        assert 1 <= len(judged) <= viewer_module.OTHERS_PER_TICK + 1
+        assert any(w.hello is not None and w.hello.rank == 40 for w in judged)
+
+
+def test_a_publisher_inventing_host_names_cannot_grow_the_hosts() -> None:
+    state = ViewerState(HOST)
+    state.apply(received(hello(), T0))
+    for i in range(2_000):
+        sample = evolve(system_sample(T0 + i * 0.01), host=f"node-{i}")
+        state.apply(received(System(SOURCE_ID, sample), T0 + i * 0.01))
+    assert len(state.hosts) <= hosts_module.MAX_HOSTS
+    assert "node-1999" in state.hosts
