@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import zmq
 
@@ -128,6 +129,12 @@ class Subscriber:
         # Bound the size of any one frame before it is even read into memory.
         self._sock.setsockopt(zmq.MAXMSGSIZE, 8 * 1024 * 1024)
         self._sock.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+        # libzmq drops a peer that sends a frame over MAXMSGSIZE as a protocol error and,
+        # unlike after a network error, never reconnects: one hostile or buggy frame would
+        # cut the viewer off for good. The monitor tells which endpoint was dropped.
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._dropped: set[str] = set()
+        self._revived: dict[str, float] = {}  # endpoint -> monotonic time of last revival
         self._lock = threading.Lock()
         self.endpoints: set[str] = set()
 
@@ -142,10 +149,12 @@ class Subscriber:
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disconnect(endpoint)
         self.endpoints.discard(endpoint)
+        self._revived.pop(endpoint, None)
 
     def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
         """Wait up to ``timeout_s`` for messages; return all that are ready (bounded)."""
         out: list[list[bytes]] = []
+        self._revive_dropped()
         if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
             return out
         while len(out) < max_messages:
@@ -155,7 +164,33 @@ class Subscriber:
                 break
         return out
 
+    def _revive_dropped(self) -> None:
+        """Connect again to endpoints the socket dropped (at most once a second each: a
+        peer that keeps sending oversized frames must not make us spin)."""
+        while True:
+            try:
+                frames = self._monitor.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.ZMQError:  # zmq.Again: no event waiting
+                break
+            endpoint = frames[-1].decode(errors="replace") if len(frames) == 2 else ""
+            if endpoint in self.endpoints:
+                self._dropped.add(endpoint)
+        now = time.monotonic()
+        for endpoint in list(self._dropped):
+            if endpoint not in self.endpoints:
+                self._dropped.discard(endpoint)
+            elif now - self._revived.get(endpoint, -1e9) >= 1.0:
+                self._dropped.discard(endpoint)
+                self._revived[endpoint] = now
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sock.disconnect(endpoint)
+                    self._sock.connect(endpoint)
+
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sock.disable_monitor()
+        with contextlib.suppress(Exception):
+            self._monitor.close(linger=0)
         with contextlib.suppress(Exception):
             self._sock.close(linger=0)
         with contextlib.suppress(Exception):

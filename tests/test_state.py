@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 
 import pytest
 from fakes_tui import (
@@ -24,12 +24,31 @@ from fakes_tui import (
 )
 
 import gputop_dl.tui.state as state_module
-from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
+import gputop_dl.tui.state.hosts as hosts_module
+import gputop_dl.tui.state.run as run_module
+import gputop_dl.tui.state.viewer as viewer_module
+from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps, System
 from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
 from gputop_dl.tui.events import BadInput, EndpointState
-from gputop_dl.tui.state import INSTRUMENT_HINT, SAMPLES_UNIT, STEPS_UNIT, ViewerState
+from gputop_dl.tui.state import (
+    GONE_TEXT,
+    INSTRUMENT_HINT,
+    LOST,
+    SAMPLES_UNIT,
+    STEPS_UNIT,
+    ViewerState,
+    clean_text,
+)
+from gputop_dl.tui.state.clean import MAX_CORES, clean_sample, clean_step, evolve
+from gputop_dl.tui.state.roster import Who, labels, next_slots
+from gputop_dl.tui.state.viewer import (
+    MAX_SOURCES,
+    REMOVE_AFTER_S,
+    process_alive,
+)
 
 NOW = T0 + 60.0
 
@@ -139,29 +158,30 @@ def test_a_new_hello_after_bye_is_a_restart() -> None:
 
 def test_incompatible_shows_both_versions_and_lists_the_error() -> None:
     state = ViewerState(HOST)
-    event = incompatible(T0, theirs=(2, 3))
+    newer = (PROTOCOL_MAJOR + 1, 3)
+    event = incompatible(T0, theirs=newer)
     state.apply(event)
     state.tick(T0 + 1)
     run = state.selected
     assert run is not None
     assert run.key == SOURCE_ID
     assert run.connection.state == "incompatible"
-    assert "2.3" in run.connection.text
+    assert f"{PROTOCOL_MAJOR + 1}.3" in run.connection.text
     assert f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}" in run.connection.text
-    assert run.theirs == (2, 3)
+    assert run.theirs == newer
     assert event.text in state.errors[-1].text
     assert state.errors[-1].source == SOURCE_ID
-    assert "upgrade this gputop" in state_module.upgrade_advice((2, 3))
+    assert "upgrade this gputop" in state_module.upgrade_advice(newer)
     assert "training environment" in state_module.upgrade_advice((0, 9))
 
 
 def test_incompatible_peer_without_a_source_hint_still_shows() -> None:
     state = ViewerState(HOST)
-    state.apply(incompatible(T0, theirs=(3, 0), hint=None))
+    state.apply(incompatible(T0, theirs=(PROTOCOL_MAJOR + 2, 0), hint=None))
     state.tick(T0)
     (run,) = state.runs
     assert run.connection.state == "incompatible"
-    assert "3.0" in run.name
+    assert f"{PROTOCOL_MAJOR + 2}.0" in run.name
 
 
 def test_valid_message_clears_incompatible() -> None:
@@ -302,7 +322,7 @@ def test_lost_messages_count_only_since_the_viewer_attached() -> None:
 
 
 def test_ring_buffers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_module, "MAX_STEP_RECORDS", 50)
+    monkeypatch.setattr(run_module, "MAX_STEP_RECORDS", 50)
     state = ViewerState(HOST, history_s=10.0)
     steady(state, duration_s=60.0)
     state.apply_all(systems_events(T0, T0 + 100, with_processes=False))
@@ -321,7 +341,7 @@ def test_old_step_records_are_dropped_but_the_totals_kept() -> None:
     steady(state, duration_s=200.0)
     state.tick(T0 + 200.05)
     steps = state.steps()
-    assert steps[0].end_time >= T0 + 200.0 - state_module.STEP_KEEP_S
+    assert steps[0].end_time >= T0 + 200.0 - run_module.STEP_KEEP_S
     assert state.selected is not None
     assert state.selected.step_count == 800
     assert state.selected.rate_avg == pytest.approx(100.0)
@@ -348,7 +368,7 @@ def test_runs_are_ordered_by_name_and_rank_and_switch() -> None:
     three_runs(state)
     state.tick(T0)
     assert [r.rank for r in state.runs] == [0, 1, 2]
-    assert [r.label for r in state.runs] == ["resnet50 r0", "resnet50 r1", "resnet50 r2"]
+    assert [r.label for r in state.runs] == ["resnet50 · r0", "resnet50 · r1", "resnet50 · r2"]
     assert state.selected_index == 0
     state.select_next()
     assert state.selected is not None and state.selected.rank == 1
@@ -363,16 +383,19 @@ def test_runs_are_ordered_by_name_and_rank_and_switch() -> None:
     assert state.selected.rank == 1
 
 
-def test_selection_follows_the_run_when_a_new_one_sorts_before_it() -> None:
+def test_a_new_run_takes_a_new_slot_and_renumbers_nothing() -> None:
     state = ViewerState(HOST)
     three_runs(state)
     state.tick(T0)
     state.select(1)
+    before = [(r.key, r.slot) for r in state.runs]
     state.apply(received(hello("z:9", name="alexnet", rank=0), T0 + 1))
     state.tick(T0 + 1)
     assert state.selected is not None
     assert (state.selected.name, state.selected.rank) == ("resnet50", 1)
-    assert state.selected_index == 2
+    assert state.selected_index == 1
+    assert [(r.key, r.slot) for r in state.runs][:3] == before
+    assert (state.runs[3].key, state.runs[3].slot) == ("z:9", 3)
 
 
 def test_panels_follow_the_selected_run_host() -> None:
@@ -424,7 +447,7 @@ def test_an_agent_defers_to_a_probe_sampling_the_same_host() -> None:
     state.apply(received(hello(), T0 + 10))
     probe_sample = system_sample(T0 + 10.2)
     state.apply(received(System(SOURCE_ID, probe_sample), T0 + 10.3))
-    agent_sample = replace(system_sample(T0 + 10.5, with_processes=False), host=HOST)
+    agent_sample = evolve(system_sample(T0 + 10.5, with_processes=False), host=HOST)
     state.apply(received(System(f"{HOST}:999", agent_sample), T0 + 10.6))
     state.tick(T0 + 10.7)
     assert state.host_system() is probe_sample
@@ -459,7 +482,7 @@ def test_analyzer_gets_a_window_per_live_run(monkeypatch: pytest.MonkeyPatch) ->
     (window,) = windows
     assert window.now == NOW
     assert window.hello is not None and window.hello.name == "resnet50"
-    assert window.steps and window.steps[0].end_time >= NOW - state_module.ANALYSIS_WINDOW_S
+    assert window.steps and window.steps[0].end_time >= NOW - run_module.ANALYSIS_WINDOW_S
     assert window.steps[-1].end_time <= NOW
     assert window.systems and all(s.time >= NOW - 30 for s in window.systems)
     assert state.selected is not None and state.selected.verdict is not None
@@ -485,7 +508,7 @@ def test_a_rank_without_host_sampling_gets_host_samples_with_its_own_workers(
     state.apply_all(live_run(NOW))  # rank 0 samples the host, with 4 workers
     rank1 = "gpu-node-07:5001"
     state.apply(received(hello(rank1, rank=1, pid=5001, host_sampler=False), NOW - 5))
-    own = replace(system_sample(NOW - 1, workers=2), host_sampled=False, cpu=None, gpus=())
+    own = evolve(system_sample(NOW - 1, workers=2), host_sampled=False, cpu=None, gpus=())
     state.apply(received(System(rank1, own), NOW - 0.9))
     state.apply_all(steps_events(step_records(NOW - 5, 4.9), rank1))
     state.tick(NOW)
@@ -581,13 +604,13 @@ def test_the_analyzer_always_gets_the_last_steps_however_old(
     _hanging(state, last, last + 600.0)
     state.tick(last + 600.0)
     (window,) = windows
-    assert list(window.steps) == list(records[-state_module.MIN_WINDOW_STEPS :])
+    assert list(window.steps) == list(records[-run_module.MIN_WINDOW_STEPS :])
 
 
 def test_a_viewer_attached_during_a_hang_sees_it_in_the_hello() -> None:
     state = ViewerState(HOST)
     last = T0 + 100.0
-    progress = replace(hello(started=T0), step_count=500, last_step_end=last, typical_period_s=0.2)
+    progress = evolve(hello(started=T0), step_count=500, last_step_end=last, typical_period_s=0.2)
     for at in (last + 86.0, last + 88.0):
         state.apply(received(progress, at))
         state.apply(received(System(SOURCE_ID, system_sample(at)), at + 0.02))
@@ -676,3 +699,413 @@ def test_a_probe_with_a_skewed_clock_is_stalled_only_when_its_steps_stop(skew: f
     assert run.verdict.kind == "stalled", run.verdict.headline
     assert "no step for 40 s" in run.verdict.headline
     assert uptime == pytest.approx(20.0, abs=0.6)  # it started 20 s ago, in its own clock
+
+
+# ---------------------------------------------------------------- wire values made safe
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("resnet50", "resnet50"),
+        ("train.py · r1", "train.py · r1"),
+        ("\x1b]0;pwned\x07name", "]0;pwnedname"),  # OSC: retitle the terminal
+        ("\x1b[2J\x1b[Hx", "[2J[Hx"),  # clear the screen, home the cursor
+        ("a\nb\tc\rd", "a b c d"),  # no extra lines in a one-line header
+        ("\u202eevil", "evil"),  # right-to-left override reorders the line
+        ("zero\u200bwidth", "zerowidth"),
+        ("\x00\x07\x08\x7f", ""),
+        ("\x9b31m", "31m"),  # C1 CSI
+        ("日本語 ok", "日本語 ok"),
+        ("x" * 500, "x" * 199 + "…"),
+    ],
+)
+def test_wire_strings_lose_their_control_characters(raw: str, shown: str) -> None:
+    assert clean_text(raw) == shown
+
+
+GOOD = StepRecord(index=3, end_time=T0, period_s=0.1, wait_s=0.05, samples=32, device_s=0.04)
+
+
+@pytest.mark.parametrize(
+    ("changes", "kept"),
+    [
+        ({}, True),
+        ({"end_time": math.inf}, False),
+        ({"end_time": math.nan}, False),
+        ({"end_time": 1e308}, False),
+        ({"end_time": T0 + 2 * 86_400}, False),  # a clock more than a day off
+        ({"end_time": T0 - 3_600}, True),  # an hour off: a skewed clock, kept
+        ({"period_s": -0.1}, False),
+        ({"period_s": math.nan}, False),
+        ({"wait_s": -0.01}, False),
+        ({"wait_s": 0.5}, False),  # waiting longer than the whole step
+        ({"wait_s": 0.1005}, True),  # rounding: cut to the period
+        ({"device_s": -1.0}, False),  # "device idles 10000 % of each step"
+        ({"device_idle_s": -1.0}, False),
+        ({"samples": -5}, False),
+        ({"index": -1}, False),
+        ({"phases": (("forward", -1.0),)}, False),
+        ({"wait_s": None, "device_s": None, "samples": None}, True),
+    ],
+)
+def test_step_records_with_impossible_values_are_dropped(
+    changes: dict[str, object], kept: bool
+) -> None:
+    record = evolve(GOOD, **changes)  # type: ignore[arg-type]
+    cleaned = clean_step(record, T0)
+    assert (cleaned is not None) == kept
+    if cleaned is not None and cleaned.wait_s is not None:
+        assert cleaned.wait_s <= cleaned.period_s
+
+
+def test_hostile_sample_sizes_are_clamped_and_strings_cleaned() -> None:
+    sample = system_sample(T0)
+    many = CpuSample(tuple(CpuCore(i, 1.0, 1.0, 0.0, 0.0, 98.0) for i in range(30_000)), None)
+    disks = tuple(DiskSample(f"sd\x1b[2J{i}", 1.0, 1.0, 1.0, 1.0, 1.0) for i in range(5_000))
+    cleaned = clean_sample(evolve(sample, cpu=many, disks=disks, host="node\x1b]0;x\x07"), T0)
+    assert cleaned is not None and cleaned.cpu is not None
+    assert len(cleaned.cpu.cores) == MAX_CORES
+    assert len(cleaned.disks) <= 64 and all(d.device.isprintable() for d in cleaned.disks)
+    assert cleaned.host.isprintable()
+    assert clean_sample(sample, T0) is sample  # a sane sample is not copied
+    assert clean_sample(evolve(sample, time=1e308), T0) is None
+    assert clean_sample(evolve(sample, interval_s=-1.0), T0) is None
+
+
+def test_a_sample_from_year_3e300_is_dropped_and_counted_not_a_crash() -> None:
+    state = ViewerState(HOST)
+    state.apply_all(live_run(NOW))
+    state.apply(received(System(SOURCE_ID, evolve(system_sample(NOW), time=1e308)), NOW))
+    bad_steps = (evolve(GOOD, index=10_000, end_time=NOW, device_s=-5.0),)
+    state.apply(received(Steps(SOURCE_ID, bad_steps, 999, 0), NOW))
+    state.tick(NOW + 0.5)
+    assert state.selected is not None and state.selected.connection.state == "live"
+    texts = [e.text for e in state.errors]
+    assert any("system samples with impossible values" in t for t in texts)
+    assert any("step records with impossible values" in t for t in texts)
+    assert state.error_count >= 2
+    assert state.selected.last_step_index != 10_000
+
+
+def test_escape_sequences_in_names_never_reach_the_summary() -> None:
+    state = ViewerState(HOST)
+    evil = evolve(hello(), name="\x1b]0;owned\x07\x1b[2Jrun", host="h\x1b[31m")
+    state.apply(received(evil, T0))
+    state.apply(received(Bye(SOURCE_ID, "crash\x1b[2J\nnow", 5), T0 + 1))
+    state.apply(BadInput("bad \x1b[2J thing", T0 + 1, None, "x\x1b[1m:1"))
+    state.tick(T0 + 1)
+    run = state.selected
+    assert run is not None
+    for text in (run.name, run.label, run.host or "", run.connection.text):
+        assert text.isprintable(), text
+    assert all(e.text.isprintable() for e in state.errors)
+
+
+# ---------------------------------------------------------------- probe facts in the window
+
+
+def _windows(monkeypatch: pytest.MonkeyPatch) -> list[Window]:
+    windows: list[Window] = []
+
+    def record(window: Window, previous: Verdict | None = None) -> Verdict:
+        windows.append(window)
+        return Verdict("x", "ok", 1.0, "x")
+
+    monkeypatch.setattr(state_module, "analyze", record)
+    return windows
+
+
+def test_loop_messages_update_the_hello_the_analyzer_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    windows = _windows(monkeypatch)
+    state = ViewerState(HOST)
+    state.apply_all(live_run(NOW))
+    state.apply(received(Loop(SOURCE_ID, "outside", NOW - 0.2, 5_000, "exhausted"), NOW - 0.1))
+    state.tick(NOW)
+    hello_seen = windows[-1].hello
+    assert hello_seen is not None
+    assert (hello_seen.loop, hello_seen.loop_since, hello_seen.loop_exit) == (
+        "outside",
+        NOW - 0.2,
+        "exhausted",
+    )
+    assert state.selected is not None and state.selected.loop == "outside"
+    # A later hello that says "in-loop" since after the Loop message wins.
+    newer = evolve(hello(started=NOW - 60), loop="in-loop", loop_since=NOW + 0.5)
+    state.apply(received(newer, NOW + 0.6))
+    state.tick(NOW + 1.0)
+    assert windows[-1].hello is not None and windows[-1].hello.loop == "in-loop"
+
+
+def test_replayed_history_is_not_counted_twice() -> None:
+    state = ViewerState(HOST)
+    records = steady(state, duration_s=20.0)
+    state.tick(T0 + 20.1)
+    before = state.selected
+    # A new subscriber triggers the probe's replay of its last 120 s: same indices again.
+    state.apply_all(steps_events(records, latency_s=0.5))
+    state.tick(T0 + 20.1)
+    after = state.selected
+    assert before is not None and after is not None
+    assert after.step_count == before.step_count == len(records)
+    assert after.last_step_index == records[-1].index
+    assert after.rate_avg == before.rate_avg
+    assert len(state.steps()) == len(records)
+
+
+def test_each_rank_is_judged_on_its_own_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    windows = _windows(monkeypatch)
+    state = ViewerState("viewer-host")
+    state.apply_all(live_run(NOW, source_id="node1:100", host="node1"))
+    state.apply_all(live_run(NOW, source_id="node2:200", host="node2", rank=8, core_count=8))
+    rank9 = "node2:201"
+    state.apply(received(hello(rank9, rank=9, pid=201, host="node2", host_sampler=False), NOW - 5))
+    state.apply_all(steps_events(step_records(NOW - 5, 4.9), rank9))
+    state.tick(NOW)
+    by_rank = {w.hello.rank: w for w in windows if w.hello is not None}
+    assert {s.host for s in by_rank[0].systems} == {"node1"}
+    assert {s.host for s in by_rank[8].systems} == {"node2"}
+    assert {s.host for s in by_rank[9].systems} == {"node2"}  # its node's sampler, not node1's
+    assert all(s.cpu is not None and len(s.cpu.cores) == 8 for s in by_rank[9].systems)
+
+
+# ---------------------------------------------------------------- ends
+
+
+class Pids:
+    """The pid check, at its boundary: which pids exist, and how often it was asked."""
+
+    def __init__(self) -> None:
+        self.alive: set[int] = set()
+        self.asked = 0
+
+    def __call__(self, pid: int, started: float | None) -> bool:
+        self.asked += 1
+        return pid in self.alive
+
+
+def test_a_killed_local_run_shows_as_gone_within_three_seconds() -> None:
+    pids = Pids()
+    pids.alive.add(4242)
+    state = ViewerState(HOST, pid_alive=pids)
+    state.apply_all(live_run(NOW))
+    state.tick(NOW)
+    assert state.selected is not None and state.selected.connection.state == "live"
+    pids.alive.clear()  # kill -9: no bye
+    for at in (NOW + 0.5, NOW + 1.0, NOW + 1.5, NOW + 2.0, NOW + 2.5):
+        state.tick(at)
+    assert state.selected.connection.state == "exited"
+    assert state.selected.connection.text == GONE_TEXT
+    assert pids.asked <= 4  # at most once a second
+
+
+def test_a_gone_run_that_speaks_again_is_live() -> None:
+    pids = Pids()
+    state = ViewerState(HOST, pid_alive=pids)  # its pid is not visible from here
+    state.apply_all(live_run(NOW))
+    state.tick(NOW + 2.0)
+    assert state.selected is not None and state.selected.connection.text == GONE_TEXT
+    state.apply_all(steps_events(step_records(NOW + 2.0, 0.3, first_index=9_000)))
+    state.tick(NOW + 2.4)
+    assert state.selected.connection.state == "live"
+
+
+@pytest.mark.parametrize(
+    ("host", "silent_s", "expected"),
+    [
+        ("elsewhere", 2.0, "live"),
+        ("elsewhere", 4.0, "stale"),
+        ("elsewhere", 7.0, LOST),  # three hello periods
+        (HOST, 7.0, "stale"),  # local: the pid says whether it is gone
+    ],
+)
+def test_a_silent_remote_run_is_lost(host: str, silent_s: float, expected: str) -> None:
+    state = ViewerState(HOST, pid_alive=None)
+    state.apply_all(live_run(NOW, host=host))
+    state.tick(NOW + silent_s)
+    assert state.selected is not None
+    assert state.selected.connection.state == expected
+
+
+def test_bye_stays_exited_and_ended_runs_leave_after_a_minute_for_the_recent_list() -> None:
+    state = ViewerState(HOST)
+    state.apply_all(live_run(NOW))
+    state.apply_all(live_run(NOW, source_id="elsewhere:7", host="elsewhere", name="bert"))
+    state.apply(received(bye(), NOW + 0.1))
+    state.tick(NOW + 30.0)
+    assert {r.name: r.connection.state for r in state.runs} == {"resnet50": "exited", "bert": LOST}
+    state.tick(NOW + 0.1 + REMOVE_AFTER_S + 1.0)
+    assert [r.name for r in state.runs] == ["bert"]  # lost later: still fading
+    assert [r.name for r in state.recent] == ["resnet50"]
+    state.tick(NOW + 2 * REMOVE_AFTER_S)
+    assert state.runs == ()
+    assert [r.name for r in state.recent] == ["resnet50", "bert"]
+
+
+def test_a_restarted_run_takes_over_the_slot_and_selection_of_the_dead_one() -> None:
+    state = ViewerState(HOST)
+    state.apply_all(live_run(NOW, source_id=f"{HOST}:1", name="a"))
+    state.apply_all(live_run(NOW, source_id=f"{HOST}:2", name="b"))
+    state.apply_all(live_run(NOW, source_id=f"{HOST}:3", name="c"))
+    state.tick(NOW)
+    assert state.select(1) and state.selected is not None and state.selected.name == "b"
+    state.apply(received(bye(f"{HOST}:2", reason="exception: OOM"), NOW + 1))
+    state.tick(NOW + 2)
+    state.apply_all(live_run(NOW + 20, source_id=f"{HOST}:9", name="b", duration_s=10))
+    state.tick(NOW + 20)
+    assert [(r.key, r.slot) for r in state.runs] == [
+        (f"{HOST}:1", 0),
+        (f"{HOST}:9", 1),
+        (f"{HOST}:3", 2),
+    ]
+    assert state.selected is not None and state.selected.key == f"{HOST}:9"
+    assert [r.key for r in state.recent] == [f"{HOST}:2"]
+
+
+def test_the_same_source_id_started_again_is_a_fresh_run_in_the_same_slot() -> None:
+    state = ViewerState(HOST)
+    steady(state, duration_s=10.0)
+    state.tick(T0 + 10)
+    slot = state.runs[0].slot
+    state.apply(received(hello(started=T0 + 100), T0 + 100))  # pid reused (containers: pid 1)
+    state.apply_all(steps_events(step_records(T0 + 100, 2.0)))
+    state.tick(T0 + 102.1)
+    run = state.runs[0]
+    assert (run.slot, run.step_count) == (slot, len(step_records(T0 + 100, 2.0)))
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        ([("a", "h", None, 1)], ["a"]),
+        ([("a", "h", None, 1), ("b", "h", None, 2)], ["a", "b"]),
+        ([("t", "h", 0, 1), ("t", "h", 1, 2)], ["t · r0", "t · r1"]),
+        ([("t", "h", None, 1), ("t", "h", None, 2)], ["t · 1", "t · 2"]),
+        ([("t", "h", 0, 1), ("t", "h", 0, 2)], ["t · r0 · 1", "t · r0 · 2"]),
+        ([("t", "h1", 0, 1), ("t", "h2", 0, 1)], ["t · r0 · h1:1", "t · r0 · h2:1"]),
+        ([("t", "h", 0, 1), ("t", "h", 0, 2), ("u", "h", 0, 3)], ["t · r0 · 1", "t · r0 · 2", "u"]),
+    ],
+)
+def test_colliding_names_are_told_apart(
+    runs: list[tuple[str, str, int | None, int]], expected: list[str]
+) -> None:
+    who = [Who(f"k{i}", name, host, rank, pid) for i, (name, host, rank, pid) in enumerate(runs)]
+    names = labels(who)
+    assert [names[w.key] for w in who] == expected
+
+
+@pytest.mark.parametrize(
+    ("taken", "count", "slots"),
+    [((), 2, [0, 1]), ((0, 1, 2), 1, [3]), ((0, 2), 2, [1, 3]), ((5,), 1, [0])],
+)
+def test_new_runs_fill_the_lowest_free_slots(
+    taken: tuple[int, ...], count: int, slots: list[int]
+) -> None:
+    assert next_slots(taken, count) == slots
+
+
+# ---------------------------------------------------------------- bounds
+
+
+def test_fifty_thousand_source_ids_stay_bounded() -> None:
+    state = ViewerState(HOST)
+    state.apply_all(live_run(NOW))
+    state.tick(NOW)
+    state.apply_all(live_run(NOW, source_id="other:1", host="other", name="quiet"))
+    for i in range(50_000):
+        at = NOW + i * 0.001  # 50 s of new ids, 1,000 a second
+        state.apply(received(hello(f"flood:{i}", name=f"f{i}", host="flood"), at))
+        if i % 1_000 == 0:  # the real run keeps talking
+            state.apply(received(hello(started=NOW - 60), at))
+        if i % 5_000 == 0:
+            state.tick(at)
+    state.tick(NOW + 50.0)
+    assert state.source_count <= MAX_SOURCES
+    assert len(state.runs) <= MAX_SOURCES
+    assert state.error_count > 0  # the flood is visible
+    assert any(r.key == SOURCE_ID for r in state.runs)  # a run that talks survives
+    assert not any(r.key == "other:1" for r in state.runs)  # a silent one made room
+
+
+def test_unknown_major_publishers_do_not_add_a_permanent_run_each() -> None:
+    state = ViewerState(HOST)
+    for i in range(1_000):
+        state.apply(incompatible(T0 + i * 0.01, hint=f"peer:{i}"))
+    state.tick(T0 + 10)
+    assert 0 < len(state.runs) <= MAX_SOURCES
+    state.tick(T0 + 10 + REMOVE_AFTER_S + 1)
+    assert state.runs == ()
+
+
+def test_many_fast_runs_share_a_total_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(viewer_module, "MAX_TOTAL_STEP_RECORDS", 16_000)
+    state = ViewerState(HOST)
+    records = step_records(T0, 10.0, samples_per_s=5_000)  # 2,000 steps
+    for n in range(16):
+        sid = f"{HOST}:{1000 + n}"
+        state.apply(received(hello(sid, pid=1000 + n, rank=n), T0))
+        state.apply_all(steps_events(records, sid))
+    state.tick(T0 + 10.1)
+    total = sum(len(state.steps(run.key)) for run in state.runs)
+    assert total <= 16_000
+    assert all(len(state.steps(run.key)) == 1_000 for run in state.runs)
+
+
+def test_a_huge_steps_message_is_cut_to_what_a_run_keeps() -> None:
+    state = ViewerState(HOST)
+    records = step_records(T0, 60.0, samples_per_s=5_000)  # 12,000 records
+    state.apply(received(Steps(SOURCE_ID, records, 0, 0), T0 + 60.0))
+    state.tick(T0 + 60.1)
+    assert len(state.steps()) <= run_module.MAX_STEP_RECORDS
+    assert state.selected is not None and state.selected.last_step_index == records[-1].index
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**40])
+def test_the_pid_check_never_signals_a_process_group(pid: int) -> None:
+    assert process_alive(pid, None)
+
+
+def test_the_pid_check_sees_a_dead_child_and_a_reused_pid() -> None:
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not process_alive(child.pid, None)
+    assert process_alive(os.getpid(), None)
+    assert not process_alive(os.getpid(), started=T0)  # this process is newer than T0
+
+
+def test_a_tick_judges_the_shown_run_and_only_a_few_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    windows = _windows(monkeypatch)
+    state = ViewerState(HOST)
+    for n in range(64):
+        sid = f"{HOST}:{2000 + n}"
+        state.apply(received(hello(sid, pid=2000 + n, rank=n), T0))
+        state.apply_all(steps_events(step_records(T0, 10.0), sid))
+    state.tick(T0 + 10.0)
+    assert len(windows) == 64  # each run once, for its first verdict
+    state.select(40)
+    for k in range(1, 9):
+        for n in range(64):  # all still talking
+            state.apply(received(hello(f"{HOST}:{2000 + n}", pid=2000 + n, rank=n), T0 + 10 + k))
+        before = len(windows)
+        state.tick(T0 + 10.0 + k)
+        judged = windows[before:]
+        assert 1 <= len(judged) <= viewer_module.OTHERS_PER_TICK + 1
+        assert any(w.hello is not None and w.hello.rank == 40 for w in judged)
+
+
+def test_a_publisher_inventing_host_names_cannot_grow_the_hosts() -> None:
+    state = ViewerState(HOST)
+    state.apply(received(hello(), T0))
+    for i in range(2_000):
+        sample = evolve(system_sample(T0 + i * 0.01), host=f"node-{i}")
+        state.apply(received(System(SOURCE_ID, sample), T0 + i * 0.01))
+    assert len(state.hosts) <= hosts_module.MAX_HOSTS
+    assert "node-1999" in state.hosts

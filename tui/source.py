@@ -72,56 +72,75 @@ class ZmqSource:
         events: list[SourceEvent] = []
         for endpoint in self.endpoints:
             events.append(self._connect(sub, endpoint, None))
-        known: dict[str, str] = {}  # discovered endpoint -> run name
-        last_discover = 0.0
-        last_local_sample = 0.0
-        last_foreign_host_sample = 0.0
-        last_error: dict[str, float] = {}
-        local_hello_sent = False
+        self._known: dict[str, str] = {}  # discovered endpoint -> run name
+        self._last_discover = 0.0
+        self._last_local_sample = 0.0
+        self._last_foreign_host_sample = 0.0
+        self._last_error: dict[str, float] = {}
+        self._local_hello_sent = False
         while not self._stop.is_set():
-            now = time.monotonic()
-            if self.discover and now - last_discover >= DISCOVER_EVERY_S:
-                last_discover = now
-                events.extend(self._rediscover(sub, known))
-            for frames in sub.receive(POLL_S):
-                wall = time.time()
-                try:
-                    message = decode(frames)
-                except IncompatibleVersion as exc:
-                    if _should_report(last_error, str(exc), now):
-                        events.append(BadInput(str(exc), wall, exc.theirs, exc.source_id))
-                    continue
-                except ProtocolError as exc:
-                    text = f"malformed message ignored: {exc}"
-                    if _should_report(last_error, text, now):
-                        events.append(BadInput(text, wall))
-                    continue
-                if (
-                    isinstance(message, System)
-                    and message.sample.host == self.hostname
-                    and message.sample.host_sampled
-                ):
-                    last_foreign_host_sample = now
-                events.append(Received(message, wall))
-            if (
-                self.local_sampler
-                and now - last_local_sample >= self.sample_interval_s
-                and now - last_foreign_host_sample > LOCAL_SAMPLE_GRACE_S
-            ):
-                last_local_sample = now
-                if self._sampler is None:
-                    self._sampler = _local_sampler(self.sample_interval_s)
-                if self._sampler is not None:
-                    source_id = f"{self.hostname}:{os.getpid()}"
-                    if not local_hello_sent:
-                        local_hello_sent = True
-                        events.append(Received(_local_hello(source_id, self.hostname), time.time()))
-                    with contextlib.suppress(Exception):
-                        sample = self._sampler.sample()
-                        events.append(Received(System(source_id, sample), time.time()))
+            try:
+                self._iteration(sub, events)
+            except Exception as exc:  # the thread must outlive any bug: report, go on
+                text = f"viewer source error: {type(exc).__name__}: {exc}"
+                if _should_report(self._last_error, text, time.monotonic()):
+                    events.append(BadInput(text, time.time()))
+                self._stop.wait(POLL_S)  # a persistent fault must not spin
             if events:
                 emit(events)
                 events = []
+
+    def _iteration(self, sub: Subscriber, events: list[SourceEvent]) -> None:
+        """One poll: rediscover, read what arrived, sample this host when nobody does."""
+        now = time.monotonic()
+        if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
+            self._last_discover = now
+            events.extend(self._rediscover(sub, self._known))
+        for frames in sub.receive(POLL_S):
+            event = self._decode(frames, now)
+            if event is None:
+                continue
+            message = event.message if isinstance(event, Received) else None
+            if (
+                isinstance(message, System)
+                and message.sample.host == self.hostname
+                and message.sample.host_sampled
+            ):
+                self._last_foreign_host_sample = now
+            events.append(event)
+        if (
+            self.local_sampler
+            and now - self._last_local_sample >= self.sample_interval_s
+            and now - self._last_foreign_host_sample > LOCAL_SAMPLE_GRACE_S
+        ):
+            self._last_local_sample = now
+            if self._sampler is None:
+                self._sampler = _local_sampler(self.sample_interval_s)
+            if self._sampler is not None:
+                source_id = f"{self.hostname}:{os.getpid()}"
+                if not self._local_hello_sent:
+                    self._local_hello_sent = True
+                    events.append(Received(_local_hello(source_id, self.hostname), time.time()))
+                with contextlib.suppress(Exception):
+                    sample = self._sampler.sample()
+                    events.append(Received(System(source_id, sample), time.time()))
+
+    def _decode(self, frames: list[bytes], now: float) -> Received | BadInput | None:
+        """The message in ``frames``, or a (rate-limited) report of why there is none.
+        Any exception counts: a decoder bug must cost one message, not the thread."""
+        wall = time.time()
+        try:
+            return Received(decode(frames), wall)
+        except IncompatibleVersion as exc:
+            text, theirs, hint = str(exc), exc.theirs, exc.source_id
+        except ProtocolError as exc:
+            text, theirs, hint = f"malformed message ignored: {exc}", None, None
+        except Exception as exc:
+            text = f"unreadable message ignored ({type(exc).__name__}: {exc})"
+            theirs, hint = None, None
+        if _should_report(self._last_error, text, now):
+            return BadInput(text[:500], wall, theirs, hint)
+        return None
 
     def _connect(self, sub: Subscriber, endpoint: str, name: str | None) -> EndpointState:
         try:

@@ -13,6 +13,7 @@ from gputop_dl.tui.widgets.base import Panel
 STATE_GLYPHS = {
     "live": "●",
     "stale": "◐",
+    "lost": "◌",
     "exited": "■",
     "incompatible": "✖",
     "connecting": "◌",
@@ -47,6 +48,7 @@ class HeaderBar(Panel):
     COMPONENT_CLASSES = {
         "header--live",
         "header--stale",
+        "header--lost",
         "header--exited",
         "header--incompatible",
         "header--connecting",
@@ -142,14 +144,14 @@ class HeaderBar(Panel):
         return _fit([(p, t) for p, t in fields if t.cell_len], width)
 
     def _labels(self) -> list[str]:
-        names = {run.name for run in self.runs if not run.is_placeholder}
-        labels = []
-        for run in self.runs:
-            if len(names) == 1 and run.rank is not None and not run.is_placeholder:
-                labels.append(f"r{run.rank}")
-            else:
-                labels.append(run.label)
-        return labels
+        """The runs' labels (disambiguated by the state); just "r<rank>" when every run
+        is a rank of one job."""
+        runs = [run for run in self.runs if not run.is_placeholder]
+        ranks = [run.rank for run in runs]
+        one_job = len({run.name for run in runs}) == 1 and None not in ranks
+        if one_job and len(set(ranks)) == len(ranks):
+            return [run.label if run.is_placeholder else f"r{run.rank}" for run in self.runs]
+        return [run.label for run in self.runs]
 
     def _dot(self, run: RunSummary) -> Text:
         state = run.connection.state

@@ -1,0 +1,211 @@
+"""The viewer's ZeroMQ source against an adversarial publisher, over real loopback sockets.
+
+Whatever a publisher sends, the source thread must stay alive, report what it could not
+read (BadInput) and go on delivering the valid messages that follow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import msgpack
+import pytest
+from fakes_tui import hello
+
+import gputop_dl.tui.source as source_module
+from gputop_dl.probe.messages import Hello, Message
+from gputop_dl.probe.protocol import encode, topic
+from gputop_dl.probe.transport import Publisher
+from gputop_dl.tui.events import BadInput, Received, SourceEvent
+from gputop_dl.tui.source import ZmqSource
+from gputop_dl.tui.state import GONE_TEXT, RunSummary, ViewerState
+
+DEADLINE_S = 10.0
+
+
+class Collected:
+    """The events a source emitted, readable from the test thread."""
+
+    def __init__(self) -> None:
+        self.events: list[SourceEvent] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, events: list[SourceEvent]) -> None:
+        with self._lock:
+            self.events.extend(events)
+
+    def snapshot(self) -> list[SourceEvent]:
+        with self._lock:
+            return list(self.events)
+
+    def messages(self) -> list[Message]:
+        return [e.message for e in self.snapshot() if isinstance(e, Received)]
+
+    def bad(self) -> list[BadInput]:
+        return [e for e in self.snapshot() if isinstance(e, BadInput)]
+
+
+@pytest.fixture
+def wired() -> Iterator[tuple[Publisher, ZmqSource, Collected]]:
+    pub = Publisher("tcp://127.0.0.1:*")
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False)
+    got = Collected()
+    src.start(got)
+    try:
+        yield pub, src, got
+    finally:
+        src.stop()
+        pub.close()
+
+
+def until(condition: Callable[[], bool], send: Callable[[], object] | None = None) -> bool:
+    """Poll ``condition`` (re-sending with ``send``: PUB drops what it sends before the
+    subscriber has joined) until it holds or DEADLINE_S passes."""
+    end = time.monotonic() + DEADLINE_S
+    while time.monotonic() < end:
+        if send is not None:
+            send()
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def marker(name: str) -> Hello:
+    return hello(f"h:{name}", name=name)
+
+
+def delivered(pub: Publisher, got: Collected, name: str) -> bool:
+    """Send a valid hello named ``name`` until the source delivers it."""
+    frames = encode(marker(name))
+    return until(
+        lambda: any(isinstance(m, Hello) and m.name == name for m in got.messages()),
+        lambda: pub.send(frames),
+    )
+
+
+def payload(kind: object, body: object, version: object = (1, 0)) -> bytes:
+    return msgpack.packb({"v": list(version), "kind": kind, "body": body}, use_bin_type=True)  # type: ignore[arg-type]
+
+
+HOSTILE: list[tuple[str, list[bytes]]] = [
+    ("one frame", [b"gputop.hello"]),
+    ("three frames", [b"gputop.hello", b"x", b"y"]),
+    ("not msgpack", [topic("hello"), b"\xc1\xc1\xc1"]),
+    ("kind is a list", [topic("hello"), payload([1], {})]),
+    ("kind is a map", [topic("hello"), payload({"a": 1}, {})]),
+    ("body is a list", [topic("hello"), payload("hello", [1, 2])]),
+    ("version is a string", [topic("hello"), payload("hello", {}, "1.0")]),
+    ("truncated", [topic("steps"), encode(marker("t"))[1][:7]]),
+    ("empty payload", [topic("steps"), b""]),
+]
+
+
+@pytest.mark.parametrize(("case", "frames"), HOSTILE, ids=[case for case, _ in HOSTILE])
+def test_a_hostile_message_is_reported_and_the_stream_goes_on(
+    wired: tuple[Publisher, ZmqSource, Collected], case: str, frames: list[bytes]
+) -> None:
+    pub, _src, got = wired
+    assert delivered(pub, got, "before")
+    pub.send(frames)
+    assert delivered(pub, got, "after"), case
+    assert got.bad(), f"{case}: nothing reported"
+    assert all(isinstance(e.text, str) and e.text for e in got.bad())
+
+
+def test_an_unexpected_decoder_exception_costs_one_message_not_the_thread(
+    wired: tuple[Publisher, ZmqSource, Collected], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pub, src, got = wired
+    assert delivered(pub, got, "before")
+    real = source_module.decode
+    calls = {"n": 0}
+
+    def flaky(frames: list[bytes]) -> Message:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("decoder bug")
+        return real(frames)
+
+    monkeypatch.setattr(source_module, "decode", flaky)
+    assert delivered(pub, got, "after")
+    assert any("RuntimeError: decoder bug" in e.text for e in got.bad())
+    assert src._thread is not None and src._thread.is_alive()
+
+
+def test_a_50_mb_frame_does_not_cut_the_viewer_off(
+    wired: tuple[Publisher, ZmqSource, Collected],
+) -> None:
+    pub, src, got = wired
+    assert delivered(pub, got, "before")
+    pub.send([topic("steps"), b"\x00" * (50 * 1024 * 1024)])
+    assert delivered(pub, got, "after")  # the connection came back (or was never cut)
+    assert src._thread is not None and src._thread.is_alive()
+
+
+def test_a_flood_of_garbage_is_reported_rate_limited_and_valid_messages_still_pass(
+    wired: tuple[Publisher, ZmqSource, Collected],
+) -> None:
+    pub, _src, got = wired
+    assert delivered(pub, got, "before")
+    for i in range(5_000):
+        pub.send([topic("hello"), payload([i], {})])
+    assert delivered(pub, got, "after")
+    # The same fault is reported at most once a second, however often it arrives.
+    assert 1 <= len(got.bad()) <= 50
+
+
+KILLABLE = """
+import itertools, time
+from gputop_dl import probe
+for _ in probe.watch(itertools.count()):
+    time.sleep(0.01)
+"""
+
+
+def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    env = {**os.environ, "GPUTOP_LISTEN": endpoint, "GPUTOP_NAME": "killme"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE], env=env)
+    state = ViewerState(socket.gethostname())  # this host: its pids can be checked
+    got = Collected()
+    src = ZmqSource([endpoint], discover=False, local_sampler=False)
+    src.start(got)
+    applied = 0
+
+    def shown(now: float) -> RunSummary | None:
+        nonlocal applied
+        events = got.snapshot()
+        state.apply_all(events[applied:])
+        applied = len(events)
+        state.tick(now)
+        return next((run for run in state.runs if run.name == "killme"), None)
+
+    try:
+        assert until(lambda: (run := shown(time.time())) is not None and run.step_count > 10)
+        proc.send_signal(signal.SIGKILL)  # the OOM killer's way: no bye
+        proc.wait()
+        killed = time.time()
+        gone_at = None
+        while gone_at is None and time.time() - killed < DEADLINE_S:
+            time.sleep(0.25)
+            now = time.time()
+            run = shown(now)
+            if run is not None and run.connection.text == GONE_TEXT:
+                gone_at = now
+        assert gone_at is not None, "never shown as gone"
+        assert gone_at - killed <= 3.0
+    finally:
+        src.stop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

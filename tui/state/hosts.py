@@ -1,0 +1,50 @@
+"""Per-host system samples: each node's history, from whichever source samples it."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from gputop_dl.probe.samples import SystemSample
+
+AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe samples the host
+MAX_HOSTS = 256  # hosts remembered; the one heard from longest ago is forgotten first
+
+
+class Host:
+    def __init__(self, history_s: float) -> None:
+        self.history: deque[SystemSample] = deque(maxlen=max(60, math.ceil(history_s)))
+        self.probe_sample_received: float | None = None
+        self.last_received: float | None = None
+
+
+class Hosts:
+    """Host name -> its samples, bounded: a publisher inventing host names cannot grow it."""
+
+    def __init__(self, history_s: float) -> None:
+        self.history_s = history_s
+        self._hosts: dict[str, Host] = {}
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._hosts)
+
+    def get(self, host: str | None) -> Host | None:
+        return None if host is None else self._hosts.get(host)
+
+    def add(self, sample: SystemSample, received: float, *, from_agent: bool) -> None:
+        """Keep a host-wide sample; an agent's only while no probe samples that host
+        (a probe's samples carry its processes too)."""
+        host = self._hosts.get(sample.host)
+        if host is None:
+            if len(self._hosts) >= MAX_HOSTS:
+                oldest = min(self._hosts, key=lambda name: self._hosts[name].last_received or 0.0)
+                del self._hosts[oldest]
+            host = self._hosts[sample.host] = Host(self.history_s)
+        host.last_received = received
+        if from_agent:
+            recent = host.probe_sample_received
+            if recent is not None and received - recent <= AGENT_DEFERS_S:
+                return
+        else:
+            host.probe_sample_received = received
+        host.history.append(sample)

@@ -1,0 +1,247 @@
+"""Everything received from one publisher (a training run, or an agent sampling its node)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps
+from gputop_dl.probe.samples import SystemSample
+from gputop_dl.tui.events import BadInput
+from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
+from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
+from gputop_dl.tui.state.throughput import BUCKET_S, Throughput
+
+if TYPE_CHECKING:
+    from gputop_dl.tui.analyzer import Verdict, VerdictTracker
+
+ANALYSIS_WINDOW_S = 30.0  # steps and samples handed to the analyzer
+MIN_WINDOW_STEPS = 30  # ... and always at least the last 30 steps, however old (a long hang)
+MAX_STEP_RECORDS = 5_000  # per run: bounds memory with many ranks (the analyzer needs ~300)
+STEP_KEEP_S = 2 * ANALYSIS_WINDOW_S  # older step records are dropped (totals are kept)
+RATE_WINDOW_S = 5.0  # "samples/s now" covers the last few seconds
+CLOCK_SAMPLES = 50  # recent arrivals the probe's clock offset is estimated from
+CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not matter
+OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second
+
+
+class Run:
+    """One publisher, keyed by ``Hello.source_id``. A restarted process with the same id
+    (a new ``started``) gets a fresh Run in the same slot."""
+
+    def __init__(self, source_id: str, history_s: float) -> None:
+        self.source_id = source_id
+        self.hello: Hello | None = None
+        self.loop: Loop | None = None  # newest Loop message, when newer than the hello's state
+        self._window_hello: Hello | None = None  # hello with the loop merged, cached
+        self.first_received: float | None = None
+        self.last_received: float | None = None
+        self.steps: deque[StepRecord] = deque(maxlen=MAX_STEP_RECORDS)
+        self.throughput = Throughput(max(1, math.ceil(history_s / BUCKET_S)))
+        self.last_index: int | None = None  # replays of the probe's history repeat indices
+        self.total_samples = 0.0
+        self.total_steps = 0
+        self.first_start: float | None = None
+        self.samples_known = False
+        self.sent = 0
+        self.dropped = 0
+        self.dropped_steps = 0
+        self.dropped_baseline: int | None = None
+        self.dropped_steps_baseline: int | None = None
+        self.bye: Bye | None = None
+        self.bye_received: float | None = None
+        self.gone_at: float | None = None  # viewer time its pid was found gone (no bye)
+        self.incompatible: BadInput | None = None
+        # Its own samples: the latest processes, and the analyzer's window when it is
+        # the host sampler (the host's longer history is kept once, per host).
+        self.systems: deque[SystemSample] = deque(maxlen=OWN_SAMPLES)
+        self.tracker: VerdictTracker | None = None  # created with the first verdict
+        self.verdict: Verdict | None = None
+        self.analyzed_at: float | None = None  # viewer time of the last analysis
+        # Viewer clock minus the probe's: arrival time minus the newest time the message
+        # carries is the offset plus a delay (network, flush), so the smallest recent one
+        # is the best estimate. The probe may run on another host with another clock.
+        self.clock_offsets: deque[float] = deque(maxlen=CLOCK_SAMPLES)
+        self.pending: tuple[ThroughputPoint, ...] = ()
+        self.slot: int | None = None  # switcher position, given at the first tick
+        self.pid_checked: float | None = None  # viewer time of the last pid check
+
+    # ---------------------------------------------------------------- identity
+
+    @property
+    def is_run(self) -> bool:
+        """A training process (probe), not an agent that only samples its node."""
+        if self.hello is not None:
+            return self.hello.role != "agent"
+        return bool(self.steps) or self.incompatible is not None or self.bye is not None
+
+    @property
+    def host(self) -> str | None:
+        if self.hello is not None:
+            return self.hello.host
+        if self.systems:
+            return self.systems[-1].host
+        host, sep, _pid = self.source_id.rpartition(":")
+        return clean_text(host) if sep else None
+
+    @property
+    def name(self) -> str:
+        return self.hello.name if self.hello is not None else clean_text(self.source_id)
+
+    @property
+    def unit(self) -> str:
+        return SAMPLES_UNIT if self.samples_known or not self.total_steps else STEPS_UNIT
+
+    @property
+    def step_count(self) -> int:
+        """Steps the probe measured: its hello's count, or more when steps arrived since."""
+        received = 0 if self.last_index is None else self.last_index + 1
+        return max(received, self.hello.step_count if self.hello is not None else 0)
+
+    # ---------------------------------------------------------------- clock
+
+    @property
+    def clock_offset(self) -> float:
+        """Viewer clock minus the probe's clock: 0 until a message carried a time, and
+        while the difference is under CLOCK_SKEW_MIN_S (the same host, or close enough:
+        the estimate includes the delivery delay, which must not be taken for a skew)."""
+        if not self.clock_offsets:
+            return 0.0
+        offset = min(self.clock_offsets)
+        return offset if abs(offset) >= CLOCK_SKEW_MIN_S else 0.0
+
+    def probe_time(self, viewer_time: float) -> float:
+        """A viewer time in the probe's clock (the clock of its steps and samples)."""
+        return viewer_time - self.clock_offset
+
+    def touch(self, received: float) -> None:
+        if self.first_received is None:
+            self.first_received = received
+        self.last_received = (
+            received if self.last_received is None else max(self.last_received, received)
+        )
+
+    # ---------------------------------------------------------------- input
+
+    def set_hello(self, hello: Hello) -> None:
+        self.hello = hello
+        self._window_hello = None
+
+    def add_loop(self, loop: Loop) -> None:
+        self.loop = loop
+        self._window_hello = None
+
+    def window_hello(self) -> Hello | None:
+        """The newest hello with the loop state of the newest Loop message when that is
+        newer (a loop left between two hellos is known at once)."""
+        hello = self.hello
+        if hello is None or self.loop is None:
+            return hello
+        if self._window_hello is None:
+            loop = self.loop
+            since = hello.loop_since
+            if since is not None and since > loop.time:
+                self._window_hello = hello
+            else:
+                how = loop.how if loop.state == "outside" else None
+                self._window_hello = evolve(
+                    hello, loop=loop.state, loop_since=loop.time, loop_exit=how
+                )
+        return self._window_hello
+
+    def add_steps(self, message: Steps, received: float) -> int:
+        """Take the new records of ``message``; returns how many had impossible values."""
+        if self.dropped_baseline is None:
+            self.dropped_baseline = message.dropped
+            self.dropped_steps_baseline = message.dropped_steps
+        self.sent = max(self.sent, message.sent)
+        self.dropped = max(self.dropped, message.dropped)
+        self.dropped_steps = max(self.dropped_steps, message.dropped_steps)
+        records: Sequence[StepRecord] = message.records
+        if len(records) > MAX_STEP_RECORDS:  # more than a run keeps: only the newest count
+            records = records[-MAX_STEP_RECORDS:]
+        throughput = self.throughput
+        accepted, invalid = new_steps(records, received, self.last_index, throughput.last_end)
+        if not accepted:
+            return invalid
+        if self.first_start is None:
+            self.first_start = accepted[0].end_time - accepted[0].period_s
+        self.last_index = accepted[-1].index
+        self.total_steps += len(accepted)
+        for record in accepted:
+            if record.samples is not None:
+                self.samples_known = True
+                self.total_samples += record.samples
+        self.steps.extend(accepted)
+        throughput.add(accepted)
+        steps = self.steps
+        if throughput.last_end is not None:
+            throughput.finish_until(throughput.last_end)
+            oldest = throughput.last_end - STEP_KEEP_S
+            while len(steps) > MIN_WINDOW_STEPS and steps[0].end_time < oldest:
+                steps.popleft()
+            self.clock_offsets.append(received - throughput.last_end)
+        return invalid
+
+    # ---------------------------------------------------------------- reads
+
+    def recent_steps(
+        self, since: float, at_least: int = 0, at_most: int = MAX_STEP_RECORDS
+    ) -> list[StepRecord]:
+        """Steps that ended at or after ``since``, and at least the last ``at_least``
+        steps however old (at most the last ``at_most``); oldest first."""
+        recent: list[StepRecord] = []
+        for record in reversed(self.steps):
+            if (record.end_time < since and len(recent) >= at_least) or len(recent) >= at_most:
+                break
+            recent.append(record)
+        recent.reverse()
+        return recent
+
+    def typical_period(self) -> float | None:
+        periods = [r.period_s for r in islice(reversed(self.steps), 20)]
+        return statistics.median(periods) if periods else None
+
+    def rate_now(self) -> float | None:
+        count = round(RATE_WINDOW_S / BUCKET_S)
+        pending = self.pending[-count:]
+        points = [*islice(reversed(self.throughput.points), count - len(pending))]
+        window = [*reversed(points), *pending]
+        unit = self.unit
+        covered = total = 0.0
+        for point in window:
+            rate = point.rate(unit)
+            if rate is not None:
+                covered += point.covered_s
+                total += rate * point.covered_s
+        return total / covered if covered > 0 else None
+
+    def rate_avg(self) -> float | None:
+        if self.first_start is None or self.throughput.last_end is None:
+            return None
+        elapsed = self.throughput.last_end - self.first_start
+        if elapsed <= 0:
+            return None
+        total = self.total_samples if self.samples_known else self.total_steps
+        return total / elapsed
+
+    def shares(self) -> tuple[float | None, float | None]:
+        """Shares of the recent step time (the last RATE_WINDOW_S of finished points) the
+        data wait and the device take, each over the time that reports it."""
+        count = round(RATE_WINDOW_S / BUCKET_S)
+        wait = wait_covered = device = device_covered = 0.0
+        for point in islice(reversed(self.throughput.points), count):
+            if point.wait_share is not None:
+                wait += point.wait_share * point.covered_s
+                wait_covered += point.covered_s
+            if point.device_share is not None:
+                device += point.device_share * point.covered_s
+                device_covered += point.covered_s
+        return (
+            wait / wait_covered if wait_covered > 0 else None,
+            device / device_covered if device_covered > 0 else None,
+        )

@@ -1,0 +1,191 @@
+"""A run's throughput as half-second points: each step is spread over the time it took."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gputop_dl.probe.messages import StepRecord
+from gputop_dl.tui.state.model import ThroughputPoint
+
+BUCKET_S = 0.5  # one throughput point per half second of the run's clock
+
+
+@dataclass(slots=True)
+class _Bucket:
+    samples: float = 0.0
+    steps: float = 0.0
+    covered_s: float = 0.0
+    wait_s: float = 0.0
+    wait_covered_s: float = 0.0
+    device_s: float = 0.0
+    device_covered_s: float = 0.0
+
+
+def _overlap(start: float, end: float, lo: float, hi: float) -> float:
+    return max(0.0, min(end, hi) - max(start, lo))
+
+
+class Throughput:
+    """Turns step records into half-second points, spreading each step over its period."""
+
+    def __init__(self, max_points: int) -> None:
+        self.points: deque[ThroughputPoint] = deque(maxlen=max_points)
+        self._max_points = max_points
+        self._open: dict[int, _Bucket] = {}
+        self._last_final: int | None = None  # index of the newest finished bucket
+        self._finished_any = False
+        self.last_end: float | None = None
+
+    def add(self, records: Sequence[StepRecord]) -> None:
+        """Spread each record (validated: finite, non-negative durations, newer than the
+        last) over the buckets its period covers. The viewer's hot path: consecutive
+        steps inside one bucket (the usual case) are summed in locals and written to
+        the bucket once."""
+        horizon = self._max_points * BUCKET_S
+        low = None if self._last_final is None else (self._last_final + 1) * BUCKET_S
+        last_end = self.last_end
+        floor = math.floor
+        current = None  # index of the bucket summed in the locals below
+        samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
+        for record in records:
+            end = record.end_time
+            period = record.period_s
+            start = end - period if period < horizon else end - horizon
+            if low is not None and start < low:
+                start = low  # never reopen a finished bucket
+            if end <= start:
+                continue  # also every zero period: below, period > 0
+            if last_end is None or end > last_end:
+                last_end = end
+            first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
+            if last > first and end == last * BUCKET_S:
+                last -= 1  # a step ending exactly on a boundary belongs to the bucket before
+            if first != last:
+                self._spread(record, start, end, first, last)
+                continue
+            if first != current:
+                if current is not None:
+                    self._put(
+                        current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
+                    )
+                current = first
+                samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
+            cover = end - start
+            samples += record.samples or 0
+            steps += 1.0
+            covered += cover
+            # The wait and the device time are spread over the step like the samples: at
+            # half-second resolution their share is what matters, not where they fell.
+            wait, device = record.wait_s, record.device_s
+            if wait is not None:  # validated: wait <= period
+                wait_cov += cover
+                wait_s += wait * cover / period
+            if device is not None:
+                device_cov += cover
+                device_s += (device if device < period else period) * cover / period
+        if current is not None:
+            self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
+        self.last_end = last_end
+
+    def _put(
+        self,
+        index: int,
+        samples: float,
+        steps: float,
+        covered: float,
+        wait_s: float,
+        wait_covered: float,
+        device_s: float,
+        device_covered: float,
+    ) -> None:
+        bucket = self._open.get(index)
+        if bucket is None:
+            bucket = self._open[index] = _Bucket()
+        bucket.samples += samples
+        bucket.steps += steps
+        bucket.covered_s += covered
+        bucket.wait_s += wait_s
+        bucket.wait_covered_s += wait_covered
+        bucket.device_s += device_s
+        bucket.device_covered_s += device_covered
+
+    def _spread(self, record: StepRecord, start: float, end: float, first: int, last: int) -> None:
+        """A step over several buckets: each gets the part of it that fell in it."""
+        span = end - start
+        period = record.period_s
+        samples = record.samples or 0
+        wait, device = record.wait_s, record.device_s
+        wait_fraction = min(1.0, wait / period) if wait is not None and period > 0 else 0.0
+        device_fraction = min(1.0, device / period) if device is not None and period > 0 else 0.0
+        for index in range(first, last + 1):
+            cover = _overlap(start, end, index * BUCKET_S, (index + 1) * BUCKET_S)
+            if cover <= 0.0:
+                continue
+            bucket = self._open.setdefault(index, _Bucket())
+            share = cover / span
+            bucket.samples += samples * share
+            bucket.steps += share
+            bucket.covered_s += cover
+            if wait is not None:
+                bucket.wait_covered_s += cover
+                bucket.wait_s += wait_fraction * cover
+            if device is not None:
+                bucket.device_covered_s += cover
+                bucket.device_s += device_fraction * cover
+
+    def finish_until(self, end: float) -> None:
+        """Close every bucket that ends at or before ``end``: no later step can add to it."""
+        final = math.floor(end / BUCKET_S) - 1
+        if self._last_final is None:
+            if not self._open:
+                return
+            self._last_final = min(self._open) - 1
+        if final <= self._last_final:
+            return
+        first = max(self._last_final + 1, final - self._max_points + 1)
+        for index in range(first, final + 1):
+            # The run's first bucket may start mid-way: its rate is over the time the
+            # steps cover. Later, time no step covers (an epoch boundary, a pause in
+            # the loop) is time without progress: rates are over the whole bucket.
+            bucket = self._open.pop(index, None)
+            self.points.append(self._point(index, bucket, whole=self._finished_any))
+            self._finished_any = True
+        for index in [i for i in self._open if i <= final]:
+            del self._open[index]
+        self._last_final = final
+
+    @staticmethod
+    def _point(
+        index: int, bucket: _Bucket | None, *, whole: bool = True, pending: bool = False
+    ) -> ThroughputPoint:
+        end = (index + 1) * BUCKET_S
+        if bucket is None or bucket.covered_s <= 0.0:
+            return ThroughputPoint(end, 0.0, 0.0, None, BUCKET_S, pending=pending)
+        covered = BUCKET_S if whole or pending else bucket.covered_s
+        wait_share = bucket.wait_s / bucket.wait_covered_s if bucket.wait_covered_s > 0 else None
+        device_share = (
+            bucket.device_s / bucket.device_covered_s if bucket.device_covered_s > 0 else None
+        )
+        return ThroughputPoint(
+            end,
+            bucket.samples / covered,
+            bucket.steps / covered,
+            wait_share,
+            covered,
+            pending=pending,
+            device_share=device_share,
+        )
+
+    def pending_points(self, now: float) -> tuple[ThroughputPoint, ...]:
+        """Points from the last finished bucket up to ``now`` while no step ends (a stall)."""
+        if self._last_final is None:
+            return ()
+        newest = math.floor(now / BUCKET_S) - 1
+        first = max(self._last_final + 1, newest - self._max_points + 1)
+        return tuple(
+            self._point(index, self._open.get(index), pending=True)
+            for index in range(first, newest + 1)
+        )

@@ -1,0 +1,728 @@
+"""What the viewer knows: runs, their steps and throughput, hosts and their samples.
+
+Pure Python (no Textual, no I/O but an optional pid check, no clock of its own):
+:meth:`ViewerState.apply` takes the events a source produced, :meth:`ViewerState.tick`
+recomputes what depends on time (connection states, ages, verdicts), and the read
+accessors hand the widgets immutable values, so a paused display keeps what it showed.
+
+Vocabulary: a *source* is one publisher (key ``Hello.source_id``); a *run* is a source
+that is a training process (a probe), as opposed to an ``agent`` that only samples its
+node. A *host* is a node name; its samples may come from any source on it. A
+*placeholder* is an endpoint the source listens to from which nothing was read yet.
+
+Everything is bounded whatever publishers send: at most MAX_SOURCES sources (the oldest
+silent one is forgotten for a new one), ended runs removed a minute after they end, a
+total budget of step records shared by the runs, so a tick costs O(runs shown).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from gputop_dl.probe.messages import Bye, Hello, Loop, Message, StepRecord, Steps, System
+from gputop_dl.probe.samples import SystemSample, TrainingProcesses
+from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
+from gputop_dl.tui.events import BadInput, EndpointState, Received, SourceEvent
+from gputop_dl.tui.format import fmt_count, fmt_duration
+from gputop_dl.tui.state.clean import (
+    check_time,
+    clean_hello,
+    clean_sample,
+    clean_text,
+    evolve,
+)
+from gputop_dl.tui.state.hosts import Hosts
+from gputop_dl.tui.state.model import (
+    CONNECTING,
+    ENDED,
+    ENDPOINT_ERROR,
+    EXITED,
+    GONE_TEXT,
+    INCOMPATIBLE,
+    LIVE,
+    LOST,
+    SAMPLES_UNIT,
+    STALE,
+    Connection,
+    ErrorEntry,
+    RunSummary,
+    ThroughputPoint,
+    incompatible_text,
+)
+from gputop_dl.tui.state.roster import Who, labels, next_slots
+from gputop_dl.tui.state.run import ANALYSIS_WINDOW_S, MIN_WINDOW_STEPS, Run
+
+if TYPE_CHECKING:
+    from gputop_dl.tui.analyzer import Verdict
+
+STALE_AFTER_S = 3.0  # a live run publishes several messages a second
+HELLO_PERIOD_S = 2.0  # probe.core.HELLO_EVERY_S: a live probe says hello this often
+LOST_AFTER_S = 3 * HELLO_PERIOD_S  # a remote run this silent is shown as lost
+GONE_QUIET_S = 1.0  # a local run whose pid is gone, silent this long, has exited
+PID_CHECK_EVERY_S = 1.0
+REMOVE_AFTER_S = 60.0  # an ended run fades, then leaves the switcher for the recent list
+RECENT_RUNS = 20
+MAX_SOURCES = 256  # publishers tracked at once
+EVICT_SILENT_S = 10.0  # ... a new one replaces the one silent longest, if this silent
+MAX_ENDPOINTS = 256
+MAX_TOTAL_STEP_RECORDS = 200_000  # shared by all runs (~50 MB); each keeps at least:
+MAX_WINDOW_RECORDS = 2 * MAX_WINDOW_STEPS  # the analyzer reads the last MAX_WINDOW_STEPS
+ANALYZE_EVERY_S = 0.9  # a run's verdict is recomputed about once a second (every 2nd tick)
+OTHERS_PER_TICK = 4  # ... runs not on screen: this many a tick, those judged longest ago
+MAX_ERRORS = 20
+STALL_MIN_S = 1.0  # no step for this long (and twice the usual step) shows as a stall
+LOOP_STATES = frozenset({"in-loop", "outside"})
+
+PidAlive = Callable[[int, float | None], bool]
+
+
+def process_alive(pid: int, started: float | None) -> bool:
+    """False only when the process ``pid`` of this host is certainly gone, or the pid now
+    belongs to a process created after ``started`` (reused)."""
+    if pid <= 0:
+        return True  # 0 and negative pids name process groups: never signal those
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    except (OSError, OverflowError):
+        return True  # cannot tell
+    if started is None:
+        return True
+    try:
+        import psutil
+
+        return bool(psutil.Process(pid).create_time() <= started + 1.0)
+    except psutil.NoSuchProcess:
+        return False
+    except Exception:
+        return True
+
+
+class ViewerState:
+    """The viewer's model of every run and host it has heard from.
+
+    ``pid_alive`` checks the pid of runs on ``local_host``; by default the real check
+    when ``local_host`` is this machine, else none (a run's pid means nothing here)."""
+
+    def __init__(
+        self,
+        local_host: str,
+        history_s: float = 300.0,
+        *,
+        pid_alive: PidAlive | bool | None = True,
+    ) -> None:
+        self.local_host = local_host
+        self.history_s = history_s
+        if pid_alive is True:
+            pid_alive = process_alive if local_host == socket.gethostname() else None
+        self._pid_alive: PidAlive | None = pid_alive or None
+        self._sources: dict[str, Run] = {}
+        self._hosts = Hosts(history_s)
+        self._endpoints: dict[str, EndpointState] = {}
+        self._errors: deque[ErrorEntry] = deque(maxlen=MAX_ERRORS)
+        self._error_count = 0
+        self._selected_key: str | None = None
+        self._summaries: tuple[RunSummary, ...] = ()
+        self._recent: deque[RunSummary] = deque(maxlen=RECENT_RUNS)
+        self._now: float | None = None
+        self._roster = 0  # bumped when the list of runs or how one is named changes
+        self._evictable_at = 0.0  # no source can be evicted before this viewer time
+
+    # ------------------------------------------------------------------ input
+
+    def apply(self, event: SourceEvent) -> None:
+        """Take one event from the source. Never raises on odd input."""
+        if isinstance(event, Received):
+            self._apply_message(event.message, event.received)
+        elif isinstance(event, BadInput):
+            self._apply_bad_input(event)
+        elif isinstance(event, EndpointState):
+            self._apply_endpoint(event)
+
+    def apply_all(self, events: Iterable[SourceEvent]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def _source(self, source_id: str, received: float) -> Run | None:
+        """The source's state; None when MAX_SOURCES are tracked and none is silent
+        enough to be forgotten (then the message is dropped, with an error)."""
+        source = self._sources.get(source_id)
+        if source is None:
+            if len(self._sources) >= MAX_SOURCES and not self._evict(received):
+                self._add_error(
+                    received,
+                    f"{MAX_SOURCES} publishers tracked: new ones ignored until one goes silent",
+                )
+                return None
+            source = self._sources[source_id] = Run(source_id, self.history_s)
+            self._roster += 1
+        return source
+
+    def _evict(self, received: float) -> bool:
+        """Forget the source silent longest, if silent EVICT_SILENT_S; False if none is.
+        A failed search is remembered, so a flood of new ids costs O(1) each."""
+        if received < self._evictable_at:
+            return False
+        oldest_key, oldest_time = None, float("inf")
+        shown = self.selected
+        for key, source in self._sources.items():
+            if shown is not None and key == shown.key:
+                continue  # the run on screen stays, however silent
+            heard = source.last_received
+            if heard is None and source.incompatible is not None:
+                heard = source.incompatible.received
+            heard = heard if heard is not None else float("-inf")
+            if heard < oldest_time:
+                oldest_key, oldest_time = key, heard
+        if oldest_key is None or received - oldest_time < EVICT_SILENT_S:
+            self._evictable_at = (oldest_time if oldest_key else received) + EVICT_SILENT_S
+            return False
+        self._forget(oldest_key)
+        return True
+
+    def _forget(self, key: str) -> None:
+        source = self._sources.pop(key)
+        self._roster += 1
+        if source.is_run and source.slot is not None:
+            summary = self._summary_of(key)
+            if summary is not None:
+                self._recent.append(summary)
+
+    def _summary_of(self, key: str) -> RunSummary | None:
+        return next((run for run in self._summaries if run.key == key), None)
+
+    def _apply_message(self, message: Message, received: float) -> None:
+        source = self._source(message.source_id, received)
+        if source is None:
+            return
+        if isinstance(message, Hello):
+            hello = clean_hello(message, received)
+            if hello is None:
+                self._invalid(source, received, 1, "hello")
+                return
+            previous = source.hello
+            if previous is not None and hello.started != previous.started:
+                source = self._restart(source)  # the same id started again (pid reuse)
+                self._roster += 1
+            elif previous is None or _naming(previous) != _naming(hello):
+                self._roster += 1
+            source.set_hello(hello)
+        source.touch(received)
+        source.gone_at = None  # it speaks: whatever the pid check said, it is there
+        if not isinstance(message, Bye):
+            if source.incompatible is not None:
+                self._roster += 1
+            source.incompatible = None
+        if isinstance(message, Steps):
+            invalid = source.add_steps(message, received)
+            if invalid:
+                self._invalid(source, received, invalid, "step records")
+        elif isinstance(message, System):
+            sample = clean_sample(message.sample, received)
+            if sample is None:
+                self._invalid(source, received, 1, "system samples")
+                return
+            source.clock_offsets.append(received - sample.time)
+            source.systems.append(sample)
+            if sample.host_sampled:
+                from_agent = source.hello is not None and source.hello.role == "agent"
+                self._hosts.add(sample, received, from_agent=from_agent)
+        elif isinstance(message, Loop):
+            if message.state in LOOP_STATES and check_time(message.time, received):
+                how = message.how
+                source.add_loop(message if how is None else evolve(message, how=clean_text(how)))
+            else:
+                self._invalid(source, received, 1, "loop events")
+        elif isinstance(message, Bye):
+            source.bye = evolve(message, reason=clean_text(message.reason))
+            source.bye_received = received
+            self._roster += 1
+
+    def _restart(self, old: Run) -> Run:
+        fresh = Run(old.source_id, self.history_s)
+        fresh.slot = old.slot
+        self._sources[old.source_id] = fresh
+        return fresh
+
+    def _invalid(self, source: Run, received: float, count: int, what: str) -> None:
+        self._add_error(
+            received, f"{source.name}: {what} with impossible values dropped", source.source_id
+        )
+        self._error_count += count - 1
+
+    def _apply_bad_input(self, event: BadInput) -> None:
+        text = clean_text(event.text)
+        hint = clean_text(event.source_hint) if event.source_hint else None
+        if hint and hint not in text:
+            text = f"{hint}: {text}"
+        self._add_error(event.received, text, hint)
+        if event.theirs is not None:
+            # One run per peer id, or per version when the id could not be read; it
+            # leaves like an ended run when that peer stops sending.
+            key = event.source_hint or f"peer speaking protocol {event.theirs[0]}.{event.theirs[1]}"
+            source = self._source(key, event.received)
+            if source is not None:
+                if source.incompatible is None:
+                    self._roster += 1
+                source.incompatible = event
+
+    def _apply_endpoint(self, event: EndpointState) -> None:
+        if event.state == "detached":
+            if self._endpoints.pop(event.endpoint, None) is not None:
+                self._roster += 1
+            return
+        if event.endpoint not in self._endpoints and len(self._endpoints) >= MAX_ENDPOINTS:
+            self._add_error(self._now, f"{MAX_ENDPOINTS} endpoints listened to: one ignored")
+            return
+        self._roster += 1
+        self._endpoints[event.endpoint] = event
+        if event.state == "error":
+            detail = f": {clean_text(event.detail)}" if event.detail else ""
+            endpoint = clean_text(event.endpoint)
+            self._add_error(self._now, f"cannot use {endpoint}{detail}", event.endpoint)
+
+    def _add_error(self, when: float | None, text: str, source: str | None = None) -> None:
+        text = clean_text(text)  # it may quote the wire (an analyzer's message, a name)
+        self._error_count += 1
+        if self._errors and self._errors[-1].text == text:
+            return  # the same problem again: counted, listed once
+        self._errors.append(ErrorEntry(when, text, source))
+
+    # ------------------------------------------------------------------ time
+
+    def tick(self, now: float) -> None:
+        """Recompute what depends on time: connection states, stalls, verdicts, summaries.
+        Costs O(runs tracked), which MAX_SOURCES and REMOVE_AFTER_S bound."""
+        self._now = now
+        runs: list[tuple[Run, Connection]] = []
+        expired: list[str] = []
+        for source in self._sources.values():
+            if not source.is_run:
+                continue
+            self._check_pid(source, now)
+            connection = self._connection(source, now)
+            ended_at = self._ended_at(source, connection)
+            if ended_at is not None and now - ended_at > REMOVE_AFTER_S:
+                expired.append(source.source_id)
+                continue
+            runs.append((source, connection))
+        for key in expired:
+            self._forget(key)
+        self._place_new_runs([run for run, _ in runs if run.slot is None])
+        runs = [(run, connection) for run, connection in runs if run.source_id in self._sources]
+        self._share_step_budget([run for run, _ in runs])
+        runs.sort(key=lambda item: item[0].slot or 0)
+        names = labels([_who(run) for run, _ in runs])
+        self._judge(runs, now)
+        summaries = []
+        for source, connection in runs:
+            source.pending = self._pending_points(source, connection, now)
+            label = names[source.source_id]
+            summaries.append(self._summary(source, connection, label, now))
+        summaries.extend(self._placeholders(summaries))
+        self._summaries = tuple(summaries)
+
+    def _judge(self, runs: Sequence[tuple[Run, Connection]], now: float) -> None:
+        """Verdicts: the run on screen about once a second; the others (their switcher
+        dots) in turn, at most OTHERS_PER_TICK a tick, so 64 runs cost a few analyses a
+        tick, not 64."""
+        shown = self.selected.key if self.selected is not None else None
+        due: list[Run] = []
+        for source, connection in runs:
+            if connection.state == LIVE and (source.steps or source.hello is not None):
+                last = source.analyzed_at
+                if source.verdict is None or last is None or not 0 <= now - last < ANALYZE_EVERY_S:
+                    due.append(source)
+            elif source.verdict is None and source.steps and connection.state != LIVE:
+                # Never seen live (attached late): judge it as of its last message, once.
+                source.verdict = self._analyze(source, source.last_received or now)
+        first_time = [s for s in due if s.verdict is None or s.source_id == shown]
+        others = sorted(
+            (s for s in due if s.verdict is not None and s.source_id != shown),
+            key=lambda s: s.analyzed_at or 0.0,
+        )
+        for source in first_time + others[:OTHERS_PER_TICK]:
+            source.verdict = self._analyze(source, now)
+            source.analyzed_at = now
+
+    def _check_pid(self, source: Run, now: float) -> None:
+        """A local run's pid, at most once a second: gone without a bye means killed."""
+        check, hello = self._pid_alive, source.hello
+        if check is None or hello is None or source.bye is not None or source.gone_at is not None:
+            return
+        if hello.host != self.local_host:
+            return
+        if source.pid_checked is not None and 0 <= now - source.pid_checked < PID_CHECK_EVERY_S:
+            return
+        source.pid_checked = now
+        quiet = now - (source.last_received or now)
+        if quiet >= GONE_QUIET_S and not check(hello.pid, hello.started):
+            source.gone_at = now
+            self._roster += 1
+
+    def _connection(self, source: Run, now: float) -> Connection:
+        if source.incompatible is not None:
+            return Connection(INCOMPATIBLE, incompatible_text(source.incompatible.theirs))
+        if source.bye is not None:
+            age = now - (source.bye_received or now)
+            steps = fmt_count(source.bye.steps)
+            return Connection(EXITED, f"exited: {source.bye.reason} after {steps} steps", age)
+        if source.last_received is None:
+            return Connection(CONNECTING, "connecting")
+        age = max(0.0, now - source.last_received)
+        if source.gone_at is not None:
+            return Connection(EXITED, GONE_TEXT, age)
+        local = source.host == self.local_host
+        if not local and age > LOST_AFTER_S:
+            return Connection(LOST, f"lost: no message for {fmt_duration(age)}", age)
+        if age > STALE_AFTER_S:
+            return Connection(STALE, f"stale: no message for {fmt_duration(age)}", age)
+        return Connection(LIVE, "live", age)
+
+    @staticmethod
+    def _ended_at(source: Run, connection: Connection) -> float | None:
+        """Viewer time the run ended (exited, lost, refused), None while it runs."""
+        if connection.state not in ENDED:
+            return None
+        if source.incompatible is not None:
+            return source.incompatible.received
+        if source.bye is not None:
+            return source.bye_received
+        if source.gone_at is not None:
+            return source.gone_at
+        return (source.last_received or 0.0) + LOST_AFTER_S
+
+    def _place_new_runs(self, new: list[Run]) -> None:
+        """Give new runs the lowest free slots, in name/rank order among themselves; a
+        new run named like an ended one on the same host takes its slot (and the
+        selection, when the user was on it): it is the same job, restarted."""
+        if not new:
+            return
+        new.sort(key=lambda run: (run.name, _rank(run), run.source_id))
+        waiting = []
+        for run in new:
+            dead = self._replaced_by(run)
+            if dead is None:
+                waiting.append(run)
+                continue
+            run.slot = dead.slot
+            if self._selected_key == dead.source_id:
+                self._selected_key = run.source_id
+            self._forget(dead.source_id)
+        taken = [run.slot for run in self._sources.values() if run.slot is not None]
+        for run, slot in zip(waiting, next_slots(taken, len(waiting)), strict=True):
+            run.slot = slot
+
+    def _replaced_by(self, new: Run) -> Run | None:
+        hello = new.hello
+        if hello is None or hello.role == "agent":
+            return None
+        for source in self._sources.values():
+            old = source.hello
+            if (
+                source is not new
+                and source.slot is not None
+                and old is not None
+                and (old.name, old.host, old.rank) == (hello.name, hello.host, hello.rank)
+                and (source.bye is not None or source.gone_at is not None)
+            ):
+                return source
+        return None
+
+    @staticmethod
+    def _share_step_budget(runs: Sequence[Run]) -> None:
+        """Many runs share MAX_TOTAL_STEP_RECORDS: each keeps its newest share of it
+        (never fewer than the analyzer reads)."""
+        total = sum(len(run.steps) for run in runs)
+        if total <= MAX_TOTAL_STEP_RECORDS:
+            return
+        share = max(MAX_WINDOW_RECORDS, MAX_TOTAL_STEP_RECORDS // len(runs))
+        for run in runs:
+            while len(run.steps) > share:
+                run.steps.popleft()
+
+    def _pending_points(
+        self, source: Run, connection: Connection, now: float
+    ) -> tuple[ThroughputPoint, ...]:
+        last_end = source.throughput.last_end
+        if connection.state != LIVE or last_end is None:
+            return ()
+        typical = source.typical_period() or 0.0
+        probe_now = source.probe_time(now)
+        if probe_now - last_end < max(STALL_MIN_S, 2.0 * typical):
+            return ()
+        return source.throughput.pending_points(probe_now)
+
+    def _analyze(self, source: Run, now: float) -> Verdict:
+        """The run's verdict as of ``now`` (viewer clock). The analyzer compares times
+        with the probe's steps and samples, so it is given ``now`` in the probe's clock;
+        the tracker, whose times the banner shows, stays in the viewer's."""
+        from gputop_dl.tui import state as package  # its ``analyze``: tests replace it
+        from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window
+
+        if source.tracker is None:
+            source.tracker = VerdictTracker()
+        probe_now = source.probe_time(now)
+        since = probe_now - ANALYSIS_WINDOW_S
+        window = Window(
+            now=probe_now,
+            steps=tuple(source.recent_steps(since, MIN_WINDOW_STEPS, MAX_WINDOW_RECORDS)),
+            systems=tuple(self._run_systems(source, since)),
+            hello=source.window_hello(),  # the newest: it carries the progress of a hung run
+        )
+        try:
+            # The verdict shown is passed back: a condition it holds is left only below
+            # the analyzer's exit threshold (hysteresis), not at its entry threshold.
+            verdict = package.analyze(window, previous=source.tracker.shown)
+            return source.tracker.update(verdict, now)
+        except Exception as exc:  # a bug in the analyzer must not take the viewer down
+            text = f"analyzer failed: {type(exc).__name__}: {exc}"
+            if not self._errors or self._errors[-1].text != text:
+                self._add_error(now, text)
+            return Verdict("error", "warning", 0.0, text)
+
+    def _run_systems(self, source: Run, since: float) -> list[SystemSample]:
+        """Samples of the run's OWN host (a rank on node2 is not judged on node1's), with
+        the run's own training processes when it reports them."""
+        own = [s for s in source.systems if s.time >= since]
+        if own and own[-1].host_sampled:
+            return own
+        host = self._hosts.get(source.host)
+        if host is None:
+            return own
+        processes = next((s.processes for s in reversed(own) if s.processes is not None), None)
+        samples = [s for s in host.history if s.time >= since]
+        if processes is None:
+            return samples
+        return [evolve(s, processes=processes) for s in samples]
+
+    def _summary(self, source: Run, connection: Connection, label: str, now: float) -> RunSummary:
+        hello = source.window_hello()
+        wait_share, device_share = source.shares()
+        return RunSummary(
+            key=source.source_id,
+            label=label,
+            name=source.name,
+            host=source.host,
+            pid=hello.pid if hello is not None else None,
+            rank=hello.rank if hello is not None else None,
+            world_size=hello.world_size if hello is not None else None,
+            uptime_s=max(0.0, source.probe_time(now) - hello.started) if hello else None,
+            step_count=source.step_count,
+            unit=source.unit,
+            rate_now=source.rate_now(),
+            rate_avg=source.rate_avg(),
+            wait_share_now=wait_share,
+            device_busy_now=device_share,
+            connection=connection,
+            verdict=source.verdict,
+            loader=hello.loader if hello is not None else None,
+            timing=hello.timing if hello is not None else None,
+            timing_note=hello.timing_note if hello is not None else None,
+            lost_messages=source.dropped - (source.dropped_baseline or 0),
+            lost_steps=source.dropped_steps - (source.dropped_steps_baseline or 0),
+            theirs=source.incompatible.theirs if source.incompatible is not None else None,
+            slot=source.slot or 0,
+            last_step_index=source.last_index,
+            loop=hello.loop if hello is not None else None,
+            ended_at=self._ended_at(source, connection),
+        )
+
+    def _placeholders(self, runs: Sequence[RunSummary]) -> list[RunSummary]:
+        """Endpoints still waiting for their first message, as pseudo-runs."""
+        names = {run.name for run in runs}
+        placeholders: list[RunSummary] = []
+        for endpoint, info in self._endpoints.items():
+            if info.name is not None and info.name in names:
+                continue
+            if info.name is None and runs:
+                continue  # cannot tell which run it is: it is probably one of them
+            shown = clean_text(endpoint)
+            if info.state == "error":
+                detail = f": {clean_text(info.detail)}" if info.detail else ""
+                connection = Connection(ENDPOINT_ERROR, f"cannot use {shown}{detail}")
+            else:
+                connection = Connection(CONNECTING, "connecting")
+            name = clean_text(info.name) if info.name else shown
+            placeholders.append(
+                RunSummary(
+                    key=f"endpoint:{endpoint}",
+                    label=name,
+                    name=name,
+                    host=None,
+                    pid=None,
+                    rank=None,
+                    world_size=None,
+                    uptime_s=None,
+                    step_count=0,
+                    unit=SAMPLES_UNIT,
+                    rate_now=None,
+                    rate_avg=None,
+                    wait_share_now=None,
+                    device_busy_now=None,
+                    connection=connection,
+                    verdict=None,
+                    is_placeholder=True,
+                    endpoint=shown,
+                    slot=len(runs) + len(placeholders),
+                )
+            )
+        return placeholders
+
+    # ------------------------------------------------------------------ selection
+
+    @property
+    def runs(self) -> tuple[RunSummary, ...]:
+        """Runs (in slot order) and placeholders, as of the last :meth:`tick`."""
+        return self._summaries
+
+    @property
+    def recent(self) -> tuple[RunSummary, ...]:
+        """Runs removed a minute after they ended (or replaced), newest last."""
+        return tuple(self._recent)
+
+    @property
+    def selected_index(self) -> int | None:
+        if not self._summaries:
+            return None
+        for index, run in enumerate(self._summaries):
+            if run.key == self._selected_key:
+                return index
+        return 0
+
+    @property
+    def selected(self) -> RunSummary | None:
+        index = self.selected_index
+        return None if index is None else self._summaries[index]
+
+    def select(self, index: int) -> bool:
+        """Select the run at ``index`` (0-based); False if there is none."""
+        if 0 <= index < len(self._summaries):
+            self._selected_key = self._summaries[index].key
+            return True
+        return False
+
+    def select_next(self, step: int = 1) -> None:
+        index = self.selected_index
+        if index is not None:
+            self.select((index + step) % len(self._summaries))
+
+    def select_previous(self) -> None:
+        self.select_next(-1)
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def roster(self) -> int:
+        """Changes whenever a run appears, goes, is named (its hello), exits or turns out
+        incompatible: what the screen should show at once, not at the next tick."""
+        return self._roster
+
+    @property
+    def has_probe(self) -> bool:
+        """True when any training process has spoken (placeholders do not count)."""
+        return any(not run.is_placeholder for run in self._summaries)
+
+    @property
+    def errors(self) -> tuple[ErrorEntry, ...]:
+        """Recent problems (bad input, endpoint errors), oldest first."""
+        return tuple(self._errors)
+
+    @property
+    def error_count(self) -> int:
+        """All problems seen, including those no longer in :attr:`errors`."""
+        return self._error_count
+
+    @property
+    def endpoints(self) -> tuple[EndpointState, ...]:
+        return tuple(self._endpoints.values())
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self._hosts.names()
+
+    @property
+    def source_count(self) -> int:
+        """Publishers tracked now (runs, agents, refused peers)."""
+        return len(self._sources)
+
+    def throughput(self, key: str | None = None) -> tuple[ThroughputPoint, ...]:
+        """The run's throughput points, oldest first, including a stall in progress."""
+        source = self._selected_source() if key is None else self._sources.get(key)
+        if source is None:
+            return ()
+        return tuple(source.throughput.points) + source.pending
+
+    def steps(self, key: str | None = None) -> tuple[StepRecord, ...]:
+        source = self._selected_source() if key is None else self._sources.get(key)
+        return () if source is None else tuple(source.steps)
+
+    def display_host(self) -> str | None:
+        """The host the panels show: the selected run's, else this machine, else any."""
+        source = self._selected_source()
+        if source is not None and source.host is not None:
+            return source.host
+        hosts = self._hosts.names()
+        if self.local_host in hosts:
+            return self.local_host
+        return next(iter(hosts), None)
+
+    def host_system(self, host: str | None = None) -> SystemSample | None:
+        """The newest host-wide sample of ``host`` (default: :meth:`display_host`)."""
+        host = self.display_host() if host is None else host
+        known = self._hosts.get(host)
+        if known is not None and known.history:
+            return known.history[-1]
+        source = self._selected_source()
+        if source is not None and source.systems and source.host == host:
+            return source.systems[-1]
+        return None
+
+    def host_history(self, host: str) -> tuple[SystemSample, ...]:
+        known = self._hosts.get(host)
+        return () if known is None else tuple(known.history)
+
+    def training_processes(self) -> TrainingProcesses | None:
+        """The selected run's own main process and DataLoader workers."""
+        source = self._selected_source()
+        if source is not None:
+            for sample in reversed(source.systems):
+                if sample.processes is not None:
+                    return sample.processes
+            return None
+        system = self.host_system()
+        return None if system is None else system.processes
+
+    def _selected_source(self) -> Run | None:
+        run = self.selected
+        if run is None or run.is_placeholder:
+            return None
+        return self._sources.get(run.key)
+
+
+def _naming(hello: Hello) -> tuple[object, ...]:
+    """What of a hello names the run on screen."""
+    return (hello.name, hello.host, hello.rank, hello.world_size, hello.role)
+
+
+def _rank(run: Run) -> int:
+    rank = run.hello.rank if run.hello is not None else None
+    return -1 if rank is None else rank
+
+
+def _who(run: Run) -> Who:
+    hello = run.hello
+    return Who(
+        run.source_id,
+        run.name,
+        run.host,
+        hello.rank if hello is not None else None,
+        hello.pid if hello is not None else None,
+    )
