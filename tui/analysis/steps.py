@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import StepRecord
 from gputop_dl.tui.analysis.thresholds import (
+    CHUNK_S,
+    CONFIDENCE_HORIZON_S,
     H2D_PHASE_NAMES,
     MAX_WINDOW_STEPS,
     MIN_STEPS,
     OUTLIER_FACTOR,
     OUTLIER_REPEAT,
     SKIP_FIRST_STEPS,
+    SMALL_WAIT_SHARE,
     STEP_WINDOW_S,
 )
 
@@ -39,7 +42,10 @@ class StepStats:
     samples_per_s: float | None
     steps_per_s: float
     device_busy_share: float | None  # device_s / period; None without device timing
-    overhead_share: float | None  # device idle beyond the data wait / period
+    caught_up_steps: int  # steps whose own data wait is small and that report whether the
+    #   device had caught up with the host (StepRecord.device_caught_up)
+    caught_up_share: float | None  # of those, the share where it had: it waited for the host
+    timed_steps: int  # steps that report device_caught_up at all
     h2d_share: float | None  # copy phases / period; None when no step has such a phase
     h2d_phase: str | None  # the phase name that matched
 
@@ -133,11 +139,17 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
 
     timed = [s for s in kept if s.device_s is not None]
     idled = [s for s in kept if s.device_idle_s is not None]
-    overhead = [max(0.0, (s.device_idle_s or 0.0) - (s.wait_s or 0.0)) for s in idled]
     # With device timing, the wait costs only the part the device sat idle through: the
     # device may still drain queued work while the host waits for the next batch.
     both = [s for s in idled if s.wait_s is not None]
     idle_waits = [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both]
+
+    # A device that caught up while the host waited for data waits for the data, not for
+    # the host's own work: only steps with a small data wait can show host overhead.
+    reported = [s for s in kept if s.device_caught_up is not None]
+    host_limited = [
+        s for s in reported if s.wait_s is not None and s.wait_s <= SMALL_WAIT_SHARE * s.period_s
+    ]
 
     copies = [(s, *_h2d_seconds(s)) for s in kept if s.phases]
     copy_names = [name for _, _, name in copies if name]
@@ -154,7 +166,13 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
         samples_per_s=samples / counted_span if counted and counted_span > 0 else None,
         steps_per_s=len(kept) / span,
         device_busy_share=_share([s.device_s or 0.0 for s in timed], [s.period_s for s in timed]),
-        overhead_share=_share(overhead, [s.period_s for s in idled]),
+        caught_up_steps=len(host_limited),
+        caught_up_share=(
+            sum(1 for s in host_limited if s.device_caught_up) / len(host_limited)
+            if host_limited
+            else None
+        ),
+        timed_steps=len(reported),
         h2d_share=(
             _share([sec for _, sec, _ in copies], [s.period_s for s, _, _ in copies])
             if copy_names
@@ -162,3 +180,40 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
         ),
         h2d_phase=copy_names[0] if copy_names else None,
     )
+
+
+def agreeing_time(
+    steps: Sequence[StepRecord], agrees: Callable[[Sequence[StepRecord]], bool]
+) -> float:
+    """Seconds of consistent evidence: the newest steps, cut into chunks of at least
+    CHUNK_S, back to the first chunk that does not agree (or CONFIDENCE_HORIZON_S).
+
+    Measured in time, not in steps: five 1 s steps are as much evidence as fifty 0.1 s
+    steps with the same split.
+    """
+    total = 0.0
+    chunk: list[StepRecord] = []
+    for step in reversed(steps):
+        if total + sum(s.period_s for s in chunk) >= CONFIDENCE_HORIZON_S:
+            break
+        chunk.append(step)
+        if sum(s.period_s for s in chunk) >= CHUNK_S:
+            if not agrees(chunk):
+                return total
+            total += sum(s.period_s for s in chunk)
+            chunk = []
+    if chunk and agrees(chunk):
+        total += sum(s.period_s for s in chunk)
+    return total
+
+
+def lost_share(steps: Sequence[StepRecord]) -> float | None:
+    """The data wait's cost over ``steps`` as StepStats.lost_share computes it."""
+    both = [s for s in steps if s.device_idle_s is not None and s.wait_s is not None]
+    if both:
+        return _share(
+            [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both],
+            [s.period_s for s in both],
+        )
+    waited = [s for s in steps if s.wait_s is not None]
+    return _share([min(s.wait_s or 0.0, s.period_s) for s in waited], [s.period_s for s in waited])
