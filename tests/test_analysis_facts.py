@@ -317,3 +317,17 @@ def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
     assert one.cause == "unknown", one
     two = analyze(window(steps, systems(now, 2, **blocked), hello(0)))
     assert two.cause == "disk", two
+
+
+@pytest.mark.parametrize(
+    ("n", "period", "kind"),
+    [
+        (4, 0.1, "warming-up"),  # 0.4 s of steps: too little
+        (1, 5.0, "warming-up"),  # one step is no evidence, however long
+        (2, 1.6, "compute-bound"),  # two slow steps covering 3.2 s
+        (5, 0.1, "compute-bound"),
+    ],
+)
+def test_slow_steps_give_a_verdict_after_a_few_seconds(n: int, period: float, kind: str) -> None:
+    """Issue 11: first verdict within 5 s; five 2 s steps would take 10 s."""
+    assert analyze(window(make_steps(n, period=period, wait=0.001))).kind == kind

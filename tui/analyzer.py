@@ -26,6 +26,7 @@ from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
 from gputop_dl.tui.analysis.steps import (
     StepStats,
     agreeing_time,
+    enough_steps,
     lost_share,
     step_stats,
     typical_period,
@@ -49,6 +50,7 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_WARN_ENTER,
     INPUT_WARN_EXIT,
     LOW_GPU_UTIL_PCT,
+    MIN_SLOW_STEPS,
     MIN_STEPS,
     MIN_SYSTEMS,
     OUTSIDE_SHOW_S,
@@ -62,6 +64,7 @@ from gputop_dl.tui.analysis.thresholds import (
     STALL_TYPICAL_STEPS,
     SWAP_IN_ENTER_BPS,
     SYSTEM_WINDOW_S,
+    WARM_S,
 )
 
 SEVERITIES = ("ok", "info", "warning", "critical")
@@ -241,7 +244,8 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         "warming-up",
         "info",
         0.0,
-        f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict",
+        f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict "
+        f"(or {MIN_SLOW_STEPS} covering {fmt.dur(WARM_S)})",
         evidence=tuple(evidence),
     )
 
@@ -764,7 +768,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     special = _outside(window) or _stalled(window, steps)
     if special is not None:
         return special
-    if len(steps) < MIN_STEPS:
+    if not enough_steps(steps):
         return _warming_up(window, steps)
     hello = window.hello
     own, note = own_device(window.systems, hello.device if hello else None)

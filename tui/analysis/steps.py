@@ -13,12 +13,14 @@ from gputop_dl.tui.analysis.thresholds import (
     CONFIDENCE_HORIZON_S,
     H2D_PHASE_NAMES,
     MAX_WINDOW_STEPS,
+    MIN_SLOW_STEPS,
     MIN_STEPS,
     OUTLIER_FACTOR,
     OUTLIER_REPEAT,
     SKIP_FIRST_STEPS,
     SMALL_WAIT_SHARE,
     STEP_WINDOW_S,
+    WARM_S,
 )
 
 
@@ -54,6 +56,13 @@ class StepStats:
         """The share of step time the data wait costs: device idle when measured, else the
         host's wait."""
         return self.idle_share if self.idle_share is not None else self.wait_share
+
+
+def enough_steps(steps: Sequence[StepRecord]) -> bool:
+    """Enough usable steps for a verdict: MIN_STEPS, or fewer slow ones covering WARM_S."""
+    if len(steps) >= MIN_STEPS:
+        return True
+    return len(steps) >= MIN_SLOW_STEPS and sum(s.period_s for s in steps) >= WARM_S
 
 
 def usable_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
@@ -123,7 +132,7 @@ def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
 
 def step_stats(steps: list[StepRecord]) -> StepStats:
     """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
-    and at least MIN_STEPS long."""
+    and enough for a verdict (``enough_steps``)."""
     window = recent(steps)
     kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
     periods = [s.period_s for s in kept]

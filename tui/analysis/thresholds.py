@@ -10,7 +10,9 @@ make the verdict flap.
 from __future__ import annotations
 
 # --- step window ------------------------------------------------------------------------
-MIN_STEPS = 5  # fewer usable steps: "warming up", never a guess (TraceML needs ~2 to warn)
+MIN_STEPS = 5  # fewer usable steps: "warming up", never a guess (TraceML needs ~2 to warn) ...
+MIN_SLOW_STEPS = 2  # ... unless at least 2 of them cover WARM_S: slow steps (1-2 s, usual
+WARM_S = 3.0  #   for large models) would otherwise keep a verdict back for 5-10 s
 SKIP_FIRST_STEPS = 1  # step 0 carries one-off start-up work (lazy init, autotune, compile)
 STEP_WINDOW_S = 3.0  # steps of the last 3 s: a change near a threshold shows in < 3 s
 MAX_WINDOW_STEPS = 300  # bounds the work for very fast steps
