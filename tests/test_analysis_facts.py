@@ -331,3 +331,20 @@ def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
 def test_slow_steps_give_a_verdict_after_a_few_seconds(n: int, period: float, kind: str) -> None:
     """Issue 11: first verdict within 5 s; five 2 s steps would take 10 s."""
     assert analyze(window(make_steps(n, period=period, wait=0.001))).kind == kind
+
+
+def test_a_loader_delivering_in_rounds_does_not_flip_the_verdict() -> None:
+    """Issue 11, balanced changed cause four times in 67 s: 10 s of 8 % wait, then 3 s
+    of none, keeps the moderately input-bound verdict shown (the last 8 s still wait 3 %+);
+    a first look at the same steps says compute-bound (the last 3 s)."""
+    quiet = {"procs": processes(30.0, [70.0] * 4)}
+    waiting = make_steps(100, wait=0.008)
+    calm = make_steps(30, wait=0.0, first=101, start=waiting[-1].end_time + 0.1)
+    shown = analyze(window(waiting, **quiet))
+    assert (shown.kind, shown.severity) == ("input-bound", "info")
+    after = window(waiting + calm, **quiet)
+    assert analyze(after, previous=shown).kind == "input-bound"
+    assert analyze(after).kind == "compute-bound"
+    # Sustained: once the last 10 s are calm too, it changes.
+    longer = make_steps(100, wait=0.0, first=101, start=waiting[-1].end_time + 0.1)
+    assert analyze(window(waiting + longer, **quiet), previous=shown).kind == "compute-bound"

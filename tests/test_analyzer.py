@@ -1030,8 +1030,10 @@ def test_input_bound_appears_within_5_s_and_clears_when_it_ends() -> None:
     assert appeared - 20.0 <= 5.0
     at = dict(shown)[appeared]
     assert at.cause == "few-workers"
+    # An easing wait is lowered only once the last 8 s agree (STABLE_WINDOW_S), then the
+    # tracker's 2 s: about 10 s.
     cleared = first_time(shown, 40.0, lambda v: v.kind == "compute-bound")
-    assert cleared - 40.0 <= 8.0
+    assert cleared - 40.0 <= 11.0
     during = [v.kind for t, v in shown if appeared <= t < 40]
     assert set(during) == {"input-bound"}
 

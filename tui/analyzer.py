@@ -59,6 +59,7 @@ from gputop_dl.tui.analysis.thresholds import (
     PERSIST_UPDATES,
     PROCESS_SATURATED_PCT,
     SKIP_FIRST_STEPS,
+    STABLE_WINDOW_S,
     STALL_FACTOR,
     STALL_MIN_S,
     STALL_TYPICAL_STEPS,
@@ -422,12 +423,9 @@ def _throughput(ctx: _Ctx) -> _Candidate:
     share = stats.lost_share
     if share is None:
         return _unknown_wait(ctx)
-    prev = ctx.previous
-    held_warning = prev is not None and prev.kind == "input-bound" and prev.severity == "warning"
-    warn_at = INPUT_WARN_EXIT if held_warning else INPUT_WARN_ENTER
-    info_at = INPUT_INFO_EXIT if _held(prev, "input-bound") else INPUT_INFO_ENTER
-    if share >= info_at:
-        return _input_bound(ctx, share, "warning" if share >= warn_at else "info")
+    kind, severity = _band(share, ctx.previous)  # share is known here
+    if kind == "input-bound":
+        return _input_bound(ctx, share, severity)
     return _compute_bound(ctx, share)
 
 
@@ -745,6 +743,41 @@ _Builder = Callable[[_Ctx], "_Candidate | None"]
 _BUILDERS: tuple[_Builder, ...] = (_h2d, _overhead, _throttling, _gpu_memory)
 
 
+def _band(share: float | None, previous: Verdict | None) -> tuple[str, str]:
+    """The (kind, severity) the data wait's share gives, with the exit thresholds of what
+    ``previous`` shows (as _throughput decides)."""
+    if share is None:
+        return ("compute-bound", "ok")  # no figure: nothing to hold the shown verdict on
+    held_warning = (
+        previous is not None and previous.kind == "input-bound" and previous.severity == "warning"
+    )
+    warn_at = INPUT_WARN_EXIT if held_warning else INPUT_WARN_ENTER
+    info_at = INPUT_INFO_EXIT if _held(previous, "input-bound") else INPUT_INFO_ENTER
+    if share >= warn_at:
+        return ("input-bound", "warning")
+    if share >= info_at:
+        return ("input-bound", "info")
+    return ("compute-bound", "ok")
+
+
+_BANDS = (("compute-bound", "ok"), ("input-bound", "info"), ("input-bound", "warning"))
+
+
+def _stable_stats(steps: list[StepRecord], previous: Verdict | None) -> StepStats:
+    """The last STEP_WINDOW_S decide, unless they would lower the input-bound verdict shown
+    while the last STABLE_WINDOW_S still support it: then the longer window's figures are
+    the ones judged and shown. A rising wait is shown fast, an easing one only once it
+    has eased for a while (a loader delivering in rounds swings the short window)."""
+    short = step_stats(steps)
+    if previous is None or previous.kind != "input-bound":
+        return short
+    shown = (previous.kind, previous.severity)
+    if _BANDS.index(_band(short.lost_share, previous)) >= _BANDS.index(shown):
+        return short
+    stable = step_stats(steps, STABLE_WINDOW_S)
+    return stable if _band(stable.lost_share, previous) == shown else short
+
+
 def _scope(hello: Hello | None) -> Scope:
     """What of the node is this run's, from the probe's own facts."""
     if hello is None:
@@ -775,7 +808,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     ctx = _Ctx(
         window=window,
         previous=previous,
-        stats=step_stats(steps),
+        stats=_stable_stats(steps, previous),
         host=host_stats(window.systems, hello.host if hello else None, window.now, _scope(hello)),
         devices=device_states(window.systems, window.now, own),
         steps=steps,

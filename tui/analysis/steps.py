@@ -74,7 +74,7 @@ def usable_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
     ]
 
 
-def recent(steps: Sequence[StepRecord]) -> list[StepRecord]:
+def recent(steps: Sequence[StepRecord], window_s: float = STEP_WINDOW_S) -> list[StepRecord]:
     """The steps that ended in the last STEP_WINDOW_S before the newest, at least MIN_STEPS.
 
     Measured from the newest step, not from the clock: a stall is judged separately and
@@ -84,7 +84,7 @@ def recent(steps: Sequence[StepRecord]) -> list[StepRecord]:
     if not tail:
         return []
     newest = max(s.end_time for s in tail)
-    inside = [s for s in tail if s.end_time >= newest - STEP_WINDOW_S]
+    inside = [s for s in tail if s.end_time >= newest - window_s]
     return inside if len(inside) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
@@ -130,10 +130,10 @@ def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
     return sum(parts) / whole if parts and whole > 0 else None
 
 
-def step_stats(steps: list[StepRecord]) -> StepStats:
+def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> StepStats:
     """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
     and enough for a verdict (``enough_steps``)."""
-    window = recent(steps)
+    window = recent(steps, window_s)
     kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
     periods = [s.period_s for s in kept]
     span = sum(periods)

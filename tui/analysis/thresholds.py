@@ -15,6 +15,11 @@ MIN_SLOW_STEPS = 2  # ... unless at least 2 of them cover WARM_S: slow steps (1-
 WARM_S = 3.0  #   for large models) would otherwise keep a verdict back for 5-10 s
 SKIP_FIRST_STEPS = 1  # step 0 carries one-off start-up work (lazy init, autotune, compile)
 STEP_WINDOW_S = 3.0  # steps of the last 3 s: a change near a threshold shows in < 3 s
+# A shown input-bound verdict is lowered (warning -> info -> compute-bound) only when the
+# last 8 s agree with the last 3 s: a loader that delivers in rounds (balanced runs) swings
+# the 3 s share across the thresholds, and the verdict must not follow every swing. A
+# rising wait is shown from the 3 s window at once.
+STABLE_WINDOW_S = 8.0
 MAX_WINDOW_STEPS = 300  # bounds the work for very fast steps
 # Confidence grows with consistent evidence in time, not in steps (a 1 s step is as much
 # evidence as ten 0.1 s steps): full after 5 s of chunks that agree with the verdict.
