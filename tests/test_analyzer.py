@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord
+from gputop_dl.probe.messages import DeviceRef, Hello, LoaderInfo, StepRecord
 from gputop_dl.probe.samples import (
     CgroupSample,
     CpuCore,
@@ -1142,6 +1142,22 @@ def any_window(draw: st.DrawFn) -> Window:
             )
         )
     h = draw(st.sampled_from([None, hello(0), hello(None, loader=False), hello(2)]))
+    if h is not None:  # the probe's own facts, any of them odd
+        h = replace(
+            h,
+            loop=draw(st.sampled_from(["not-started", "in-loop", "outside"])),
+            loop_since=draw(st.none() | st.floats(now - 100, now + 5)),
+            loop_exit=draw(st.sampled_from([None, "exhausted", "break", "exception:OSError"])),
+            framework=draw(st.sampled_from([None, "lightning", "transformers", "accelerate"])),
+            cpu_affinity=tuple(draw(st.lists(st.integers(0, 70), max_size=6))),
+            cpu_quota_cores=draw(st.none() | st.floats(0.1, 64)),
+            device=draw(
+                st.sampled_from(
+                    [None, DeviceRef("cuda", 0, "GPU-0"), DeviceRef("cuda", 3), DeviceRef("hpu")]
+                )
+            ),
+        )
+    steps = [replace(s, device_caught_up=draw(st.none() | st.booleans())) for s in steps]
     return Window(now, steps, sys[::-1], h)
 
 
