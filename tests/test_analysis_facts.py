@@ -23,6 +23,7 @@ from gputop_dl.probe.samples import (
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
 from tests.test_analyzer import (
     INPUT,
+    PAST_PREFETCH,
     T0,
     cores,
     gpu,
@@ -95,8 +96,18 @@ def test_wrapped_loader_settings_are_unknown_not_guessed() -> None:
 
 
 def test_five_slow_steps_weigh_as_much_as_fifty_fast_ones() -> None:
-    slow = analyze(window(make_steps(5, period=1.0, wait=0.6), procs=processes(30.0, [70.0] * 4)))
-    fast = analyze(window(make_steps(50, period=0.1, wait=0.06), procs=processes(30.0, [70.0] * 4)))
+    slow = analyze(
+        window(
+            make_steps(5, period=1.0, wait=0.6, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
+    fast = analyze(
+        window(
+            make_steps(50, period=0.1, wait=0.06, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
     assert slow.kind == fast.kind == "input-bound"
     assert slow.confidence == fast.confidence
 
@@ -104,7 +115,12 @@ def test_five_slow_steps_weigh_as_much_as_fifty_fast_ones() -> None:
 def test_slow_steps_become_confident_on_a_long_consistent_run() -> None:
     """Eight consistent 1.1 s steps are 8.8 s of evidence: the old analyzer counted 8 of
     the 20 steps it wanted (0.36 with the margin) until 20 slow steps had passed."""
-    v = analyze(window(make_steps(8, period=1.1, wait=0.001), procs=processes(30.0, [70.0] * 4)))
+    v = analyze(
+        window(
+            make_steps(8, period=1.1, wait=0.001, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
     assert v.kind == "compute-bound"
     assert v.confidence >= 0.9
 
@@ -330,7 +346,9 @@ def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
 )
 def test_slow_steps_give_a_verdict_after_a_few_seconds(n: int, period: float, kind: str) -> None:
     """Issue 11: first verdict within 5 s; five 2 s steps would take 10 s."""
-    assert analyze(window(make_steps(n, period=period, wait=0.001))).kind == kind
+    assert (
+        analyze(window(make_steps(n, period=period, wait=0.001, first=PAST_PREFETCH))).kind == kind
+    )
 
 
 def test_a_loader_delivering_in_rounds_does_not_flip_the_verdict() -> None:
@@ -348,3 +366,17 @@ def test_a_loader_delivering_in_rounds_does_not_flip_the_verdict() -> None:
     # Sustained: once the last 10 s are calm too, it changes.
     longer = make_steps(100, wait=0.0, first=101, start=waiting[-1].end_time + 0.1)
     assert analyze(window(waiting + longer, **quiet), previous=shown).kind == "compute-bound"
+
+
+def test_the_batches_prefetched_at_start_up_do_not_decide() -> None:
+    """Balanced (2 workers, prefetch_factor 2) first showed compute-bound: its first steps
+    took the 4 batches the workers had ready and did not wait. Steps 1-4 are left out."""
+    info = LoaderInfo("torch.DataLoader", num_workers=2, prefetch_factor=2, worker_pids=(7, 8))
+    h = with_facts(hello(), loader=info)
+    ready = make_steps(4, wait=0.0)
+    steady = make_steps(5, wait=0.03, first=5, start=ready[-1].end_time + 0.1)
+    v = analyze(window(ready + steady, h=h, procs=processes(30.0, [70.0, 70.0])))
+    assert v.kind == "input-bound", v
+    early = analyze(window(ready, h=h))
+    assert early.kind == "warming-up"
+    assert "nor steps 1-4: they take the batches the workers prefetched" in "".join(early.evidence)

@@ -28,6 +28,7 @@ from gputop_dl.tui.analysis.steps import (
     agreeing_time,
     enough_steps,
     lost_share,
+    prefetched_steps,
     step_stats,
     typical_period,
     usable_steps,
@@ -241,6 +242,12 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         )
     if SKIP_FIRST_STEPS and any(s.index < SKIP_FIRST_STEPS for s in window.steps):
         evidence.append("step 0 is not counted: it carries one-off start-up work")
+    prefetched = prefetched_steps(window.hello.loader if window.hello else None)
+    if prefetched and any(s.index <= prefetched for s in window.steps):
+        evidence.append(
+            f"nor steps 1-{prefetched}: they take the batches the workers prefetched "
+            "during start-up"
+        )
     return Verdict(
         "warming-up",
         "info",
@@ -797,13 +804,13 @@ def _scope(hello: Hello | None) -> Scope:
 def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
     condition it holds is left only below its exit threshold)."""
-    steps = usable_steps(window.steps)
+    hello = window.hello
+    steps = usable_steps(window.steps, prefetched_steps(hello.loader if hello else None))
     special = _outside(window) or _stalled(window, steps)
     if special is not None:
         return special
     if not enough_steps(steps):
         return _warming_up(window, steps)
-    hello = window.hello
     own, note = own_device(window.systems, hello.device if hello else None)
     ctx = _Ctx(
         window=window,

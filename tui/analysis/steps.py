@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gputop_dl.probe.messages import StepRecord
+from gputop_dl.probe.messages import LoaderInfo, StepRecord
 from gputop_dl.tui.analysis.thresholds import (
     CHUNK_S,
     CONFIDENCE_HORIZON_S,
@@ -65,12 +65,21 @@ def enough_steps(steps: Sequence[StepRecord]) -> bool:
     return len(steps) >= MIN_SLOW_STEPS and sum(s.period_s for s in steps) >= WARM_S
 
 
-def usable_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
-    """Steps that can enter statistics: not step 0, with a positive finite period."""
+def prefetched_steps(loader: LoaderInfo | None) -> int:
+    """Steps after step 0 served from the batches the workers prepared during start-up:
+    num_workers x prefetch_factor (torch's default factor 2 when it is not reported). They
+    wait for nothing whatever the loader's steady rate, so they say nothing about it."""
+    if loader is None or not loader.num_workers:
+        return 0
+    return loader.num_workers * (loader.prefetch_factor or 2)
+
+
+def usable_steps(steps: Sequence[StepRecord], skip: int = 0) -> list[StepRecord]:
+    """Steps that can enter statistics: not step 0 (nor the ``skip`` steps after it), with a
+    positive finite period."""
+    first = SKIP_FIRST_STEPS + skip
     return [
-        s
-        for s in steps
-        if s.index >= SKIP_FIRST_STEPS and s.period_s > 0 and math.isfinite(s.period_s)
+        s for s in steps if s.index >= first and s.period_s > 0 and math.isfinite(s.period_s)
     ]
 
 
