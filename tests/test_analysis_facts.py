@@ -380,3 +380,16 @@ def test_the_batches_prefetched_at_start_up_do_not_decide() -> None:
     early = analyze(window(ready, h=h))
     assert early.kind == "warming-up"
     assert "nor steps 1-4: they take the batches the workers prefetched" in "".join(early.evidence)
+
+
+def test_a_busy_hang_inside_the_loop_is_not_called_evaluation() -> None:
+    """In the loop (the probe says so), a busy main process is inside a step, not
+    evaluating; without loop facts the old wording stays."""
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    inside = with_facts(hello(), loop="in-loop", loop_since=T0 - 1)
+    v = analyze(window(steps, h=inside, now=last + 25, procs=processes(99.0)))
+    assert v.kind == "stalled"
+    assert any("busy inside a step" in e for e in v.evidence), v.evidence
+    unknown = analyze(window(steps, now=last + 25, procs=processes(99.0)))
+    assert any("busy outside the step loop" in e for e in unknown.evidence), unknown.evidence

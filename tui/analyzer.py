@@ -258,7 +258,7 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
     )
 
 
-def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
+def _process_state(systems: Sequence[SystemSample], now: float, in_loop: bool) -> str | None:
     """What the training processes did in the newest recent sample, to tell hung from busy."""
     recent = [s for s in systems if s.processes is not None and s.time >= now - SYSTEM_WINDOW_S]
     sample = recent[-1] if recent else None
@@ -278,11 +278,13 @@ def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
     if workers:
         text += f", {len(workers)} workers {fmt.pct_value(sum(workers))} CPU in all"
     busy = max(main) >= PROCESS_SATURATED_PCT or sum(workers) >= PROCESS_SATURATED_PCT
-    return text + (
-        ": busy outside the step loop (evaluation, checkpointing?)"
-        if busy
-        else ": nearly idle, so blocked (I/O, a lock, a collective waiting for another rank)"
-    )
+    if not busy:
+        return (
+            text + ": nearly idle, so blocked (I/O, a lock, a collective waiting for another rank)"
+        )
+    if in_loop:  # the probe says the loop was not left: the time goes inside a step
+        return text + ": busy inside a step (a very slow step, or stuck in Python code)"
+    return text + ": busy outside the step loop (evaluation, checkpointing?)"
 
 
 _LEFT_BY = {"exhausted": "the loader ran out", "break": "the loop broke off"}
@@ -372,7 +374,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"last step {last_index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     ]
-    state = _process_state(window.systems, window.now)
+    state = _process_state(
+        window.systems, window.now, hello is not None and hello.loop == "in-loop"
+    )
     if state:
         evidence.append(state)
     pid = f" --pid {window.hello.pid}" if window.hello is not None else ""
