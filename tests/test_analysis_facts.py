@@ -8,7 +8,7 @@ Every test here is one "Why" bullet of those issues and fails on the analyzer be
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -18,6 +18,7 @@ from gputop_dl.probe.samples import (
     CpuSample,
     GpuSample,
     ProcessSample,
+    SystemSample,
     TrainingProcesses,
 )
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
@@ -290,37 +291,57 @@ def test_headroom_is_bounded_by_what_one_more_worker_can_buy() -> None:
     assert "without any data wait ≈ 2133" in verdict.headroom
 
 
+@dataclass(frozen=True)
+class Top:
+    """A node's top CPU consumer, as SystemSample.top lists them (helper H11's TopProcess)."""
+
+    pid: int
+    ppid: int | None
+    name: str
+    cpu_pct: float | None
+    rss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class SampleWithTop(SystemSample):
+    # SystemSample.top arrives with the process table (H11); the analyzer reads it by name.
+    top: tuple[Top, ...] | None = None
+
+
 def test_cpu_contention_names_the_top_other_consumers() -> None:
     procs = TrainingProcesses(
         (
             ProcessSample(100, "main", "python", 40.0, 1 << 30),
             ProcessSample(101, "worker", "python", 60.0, 1 << 28),
-            ProcessSample(900, "other", "ffmpeg", 390.0, 1 << 28),
-            ProcessSample(901, "other", "gzip", 150.0, 1 << 20),
+            ProcessSample(102, "other", "cc1plus", 5.0, 1 << 20),  # the training's own child
         ),
         saturated_workers=0,
         worker_count=1,
     )
-    info = LoaderInfo("torch.DataLoader", num_workers=1, worker_pids=(101,))
-    v = analyze(
-        window(
-            make_steps(wait=INPUT),
-            h=with_facts(hello(), loader=info),
-            cpu=cores(6, busy=99.0),
-            procs=procs,
-        )
+    top = (
+        Top(900, 1, "ffmpeg", 390.0, 1 << 28),
+        Top(100, 1, "python", 40.0, 1 << 30),  # the training itself: not "other"
+        Top(901, 1, "gzip", 150.0, 1 << 20),
     )
+    now = T0 + 10
+    samples = [
+        SampleWithTop(**vars(s), top=top)
+        for s in systems(now, cpu=cores(6, busy=99.0), procs=procs)
+    ]
+    info = LoaderInfo("torch.DataLoader", num_workers=1, worker_pids=(101,))
+    steps = make_steps(wait=INPUT, start=now - 4.0)
+    v = analyze(Window(now, steps, samples, with_facts(hello(), loader=info)))
     assert v.cause == "cpu-contention", v
     assert "top other consumers: ffmpeg (pid 900) 390 %, gzip (pid 901) 150 %" in v.evidence
     assert "ffmpeg (pid 900) 390 %" in v.advice[0]
 
 
-def test_cpu_contention_without_a_process_list_says_so() -> None:
+def test_cpu_contention_without_a_process_table_says_so() -> None:
     v = analyze(
         window(make_steps(wait=INPUT), cpu=cores(6, busy=99.0), procs=processes(20.0, [20.0]))
     )
     assert v.cause == "cpu-contention", v
-    assert "the node sample lists no other processes" in v.evidence
+    assert "the node sample has no process table" in v.evidence
 
 
 def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:

@@ -438,7 +438,12 @@ def _contention(ctx: Context) -> Cause | None:
         lines = [line, f"top other consumers: {top}"]
         find = f"stop, move or renice the other CPU consumers: {top}"
     else:
-        lines = [line, "the node sample lists no other processes"]
+        missing = (
+            "the node sample has no process table"
+            if h.others is None
+            else "the process table shows no other process using CPU"
+        )
+        lines = [line, missing]
         find = "find the other CPU consumers (top -o %CPU) and stop, move or renice them"
     return Cause(
         "cpu-contention",

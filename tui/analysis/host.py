@@ -79,10 +79,6 @@ class Scope:
     #   the sampler's "worker" role stands in
 
 
-# Roles of the training's own processes; any other role is another consumer on the node.
-OWN_ROLES = frozenset({"main", "worker", "child"})
-
-
 def _cores(s: SystemSample, scope: Scope) -> list[CpuCore]:
     """The node's cores this process may run on (all of them when the affinity is unknown
     or names none of the sampled cores)."""
@@ -125,9 +121,9 @@ def _iowait_cores(s: SystemSample, scope: Scope) -> float | None:
 
 
 def _own(s: SystemSample) -> list[ProcessSample]:
-    if s.processes is None:
-        return []
-    return [p for p in s.processes.processes if p.role in OWN_ROLES]
+    """The training's processes: main, workers and its "other" descendants (compilers,
+    tokenizer pools, loggers)."""
+    return list(s.processes.processes) if s.processes is not None else []
 
 
 def _mains(s: SystemSample, scope: Scope) -> list[ProcessSample]:
@@ -176,17 +172,17 @@ def _saturated(s: SystemSample, scope: Scope) -> float | None:
 
 
 def _others(samples: Sequence[SystemSample]) -> tuple[tuple[str, float], ...] | None:
-    """The other processes of the newest sample that lists any, busiest first."""
+    """The node's top CPU consumers that are not the training's, busiest first, from the
+    newest sample with a process list (``SystemSample.top``); None: no sample has one."""
     for s in reversed(samples):
-        if s.processes is None:
+        # ``top`` is newer than some samplers: a sample without it has no process list.
+        top = getattr(s, "top", None)
+        if top is None:
             continue
-        others = [
-            (f"{p.name} (pid {p.pid})", p.cpu_pct)
-            for p in s.processes.processes
-            if p.role not in OWN_ROLES and p.cpu_pct is not None
-        ]
-        if others:
-            return tuple(sorted(others, key=lambda o: -o[1]))
+        own = {p.pid for p in _own(s)}
+        others = [(f"{p.name} (pid {p.pid})", p.cpu_pct) for p in top if p.pid not in own]
+        known = [(name, cpu) for name, cpu in others if cpu is not None]
+        return tuple(sorted(known, key=lambda o: -o[1]))
     return None
 
 
