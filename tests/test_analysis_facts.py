@@ -414,3 +414,41 @@ def test_a_busy_hang_inside_the_loop_is_not_called_evaluation() -> None:
     assert any("busy inside a step" in e for e in v.evidence), v.evidence
     unknown = analyze(window(steps, now=last + 25, procs=processes(99.0)))
     assert any("busy outside the step loop" in e for e in unknown.evidence), unknown.evidence
+
+
+@pytest.mark.parametrize(
+    ("previous", "training", "cause"),
+    [
+        (None, 2.7, "cpu-contention"),  # 45 % of the 6 busy cores
+        (None, 3.3, "cpu-workers"),  # 55 %
+        ("cpu-contention", 3.3, "cpu-contention"),  # held up to 60 %
+        ("cpu-contention", 3.9, "cpu-workers"),  # 65 %
+        ("cpu-workers", 2.7, "cpu-workers"),  # held down to 40 %
+        ("cpu-workers", 2.1, "cpu-contention"),  # 35 %
+    ],
+)
+def test_contention_and_cpu_workers_do_not_swap_on_a_shared_node(
+    previous: str | None, training: float, cause: str
+) -> None:
+    """Balanced on a shared 2-core machine swapped cpu-contention and cpu-workers at 57 s.
+    Five workers below saturation, the main process at 30 %, 6 cores full."""
+    each = (training * 100 - 30.0) / 5
+    procs = TrainingProcesses(
+        (
+            ProcessSample(100, "main", "python", 30.0, 1 << 30),
+            *(ProcessSample(101 + i, "worker", "python", each, 1 << 28) for i in range(5)),
+        ),
+        saturated_workers=0,
+        worker_count=5,
+    )
+    info = LoaderInfo("torch.DataLoader", num_workers=5, worker_pids=(101, 102, 103, 104, 105))
+    w = window(
+        make_steps(wait=INPUT),
+        h=with_facts(hello(), loader=info),
+        cpu=cores(6, busy=99.99),
+        procs=procs,
+    )
+    shown = None
+    if previous is not None:
+        shown = Verdict("input-bound", "warning", 0.9, "x", cause=previous)
+    assert analyze(w, previous=shown).cause == cause

@@ -37,6 +37,7 @@ from gputop_dl.tui.analysis.thresholds import (
     MIN_SYSTEMS,
     NET_RX_HIGH_BPS,
     OTHERS_CPU_SHARE,
+    OTHERS_CPU_SHARE_BAND,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
@@ -427,7 +428,12 @@ def _contention(ctx: Context) -> Cause | None:
     if h.n_cores is None or h.free_cores is None or h.training_cpu_cores is None:
         return None
     busy = h.n_cores - h.free_cores
-    if busy <= 0 or h.training_cpu_cores >= OTHERS_CPU_SHARE * busy:
+    share = OTHERS_CPU_SHARE
+    if ctx.previous_cause == "cpu-contention":
+        share += OTHERS_CPU_SHARE_BAND
+    elif ctx.previous_cause == "cpu-workers":
+        share -= OTHERS_CPU_SHARE_BAND
+    if busy <= 0 or h.training_cpu_cores >= share * busy:
         return None
     line = (
         f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
