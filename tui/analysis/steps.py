@@ -78,9 +78,7 @@ def usable_steps(steps: Sequence[StepRecord], skip: int = 0) -> list[StepRecord]
     """Steps that can enter statistics: not step 0 (nor the ``skip`` steps after it), with a
     positive finite period."""
     first = SKIP_FIRST_STEPS + skip
-    return [
-        s for s in steps if s.index >= first and s.period_s > 0 and math.isfinite(s.period_s)
-    ]
+    return [s for s in steps if s.index >= first and s.period_s > 0 and math.isfinite(s.period_s)]
 
 
 def recent(steps: Sequence[StepRecord], window_s: float = STEP_WINDOW_S) -> list[StepRecord]:
