@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gputop_dl.tui.cli import start_demo, stop_child
+from gputop_dl.tui.snapshot import Collector
 from tests.wire_reader import WireReader
 
 pytest.importorskip("torch")
@@ -85,3 +86,83 @@ def test_a_hung_step_is_reported_as_stalled_with_its_length() -> None:
     assert verdict["kind"] == "stalled", verdict
     assert verdict["severity"] == "critical"
     assert "no step for" in verdict["headline"], verdict
+
+
+# --- time to the first correct verdict, and no change of cause after it ----------------------
+
+# What each scenario is, by construction: (kind, cause). The stall scenario is "balanced"
+# until it hangs; the bench scenario is compute-bound.
+TRUTH: dict[str, tuple[str, str | None]] = {
+    "input-bound": ("input-bound", "few-workers"),
+    "compute-bound": ("compute-bound", None),
+    "disk-bound": ("input-bound", "disk"),
+}
+TICK_S = 0.5  # the viewer's default refresh (2 per second)
+
+
+def verdict_timeline(scenario: str, seconds: float) -> tuple[float | None, list[tuple[float, str]]]:
+    """Run the demo ``scenario`` and analyze it as the viewer does (one Collector, ticked at
+    the viewer's refresh rate) for ``seconds`` after its first step.
+
+    Returns the time of the first step (seconds after launch, None if none came) and the
+    shown verdicts as (seconds after the first step, "kind/cause"), one entry per change.
+    """
+    child, endpoint, log = start_demo(scenario)
+    collector = Collector([endpoint], local_sampler=False)
+    collector.start()
+    launched = time.monotonic()
+    first: float | None = None
+    shown: list[tuple[float, str]] = []
+    try:
+        while time.monotonic() - launched < 180 + seconds:
+            time.sleep(TICK_S)
+            runs = [r for r in collector.snapshot()["runs"] if r["state"] == "live"]
+            if not runs or not runs[0]["steps"]:
+                continue
+            now = time.monotonic()
+            if first is None:
+                first = now
+            verdict = runs[0]["verdict"]
+            label = "none" if verdict is None else f"{verdict['kind']}/{verdict['cause']}"
+            if not shown or shown[-1][1] != label:
+                shown.append((now - first, label))
+            if now - first >= seconds:
+                break
+    finally:
+        collector.stop()
+        stop_child(child)
+    assert first is not None, log.read_text()[-2000:]
+    return first - launched, shown
+
+
+def first_correct(shown: list[tuple[float, str]], truth: tuple[str, str | None]) -> float | None:
+    label = f"{truth[0]}/{truth[1]}"
+    return next((t for t, v in shown if v == label), None)
+
+
+@pytest.mark.parametrize("scenario", sorted(TRUTH))
+def test_the_first_cause_shown_is_the_right_one_and_it_stays(scenario: str) -> None:
+    """No wrong cause before the right one (disk-bound must not first blame the workers),
+    and once right it does not change on a steady run."""
+    _, shown = verdict_timeline(scenario, 25.0)
+    judged = [(t, v) for t, v in shown if not v.startswith(("warming-up", "none"))]
+    assert judged, shown
+    kind, cause = TRUTH[scenario]
+    pending = f"{kind}/unknown"  # "cause unknown: only 1 host sample so far" is honest
+    right = f"{kind}/{cause}"
+    assert all(v in (right, pending) for _, v in judged), shown
+    assert judged[-1][1] == right, shown
+    assert [v for _, v in judged].count(right) == 1, shown  # no change of cause once right
+
+
+if __name__ == "__main__":  # the figures for the README: python -m tests.test_e2e_verdicts
+    for name in (*sorted(TRUTH), "balanced"):
+        start, timeline = verdict_timeline(name, 67.0 if name == "balanced" else 30.0)
+        right = first_correct(timeline, TRUTH[name]) if name in TRUTH else None
+        changes = len([v for _, v in timeline if not v.startswith(("warming-up", "none"))])
+        print(
+            f"{name}: first step {start:.1f} s after launch; first correct verdict "
+            f"{'-' if right is None else f'{right:.1f} s'} after it; {changes} verdicts shown: "
+            + ", ".join(f"{t:.1f}s {v}" for t, v in timeline),
+            flush=True,
+        )

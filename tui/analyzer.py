@@ -19,16 +19,27 @@ from dataclasses import dataclass, replace
 
 from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord
 from gputop_dl.probe.samples import SystemSample
-from gputop_dl.tui.analysis import fmt
-from gputop_dl.tui.analysis.causes import input_cause
-from gputop_dl.tui.analysis.devices import DeviceState, device_states
-from gputop_dl.tui.analysis.host import HostStats, host_stats
-from gputop_dl.tui.analysis.steps import StepStats, step_stats, typical_period, usable_steps
+from gputop_dl.tui.analysis import fmt, knobs
+from gputop_dl.tui.analysis.causes import Cause, input_cause
+from gputop_dl.tui.analysis.devices import DeviceState, device_states, own_device
+from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
+from gputop_dl.tui.analysis.steps import (
+    StepStats,
+    agreeing_time,
+    enough_steps,
+    lost_share,
+    prefetched_steps,
+    step_stats,
+    typical_period,
+    usable_steps,
+)
 from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
     BURSTY_RATIO,
-    CONFIDENT_STEPS,
+    CAUGHT_UP_ENTER,
+    CAUGHT_UP_EXIT,
+    CONFIDENT_S,
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
     GPU_MEM_FULL_ENTER,
@@ -40,24 +51,27 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_WARN_ENTER,
     INPUT_WARN_EXIT,
     LOW_GPU_UTIL_PCT,
+    MIN_SLOW_STEPS,
     MIN_STEPS,
     MIN_SYSTEMS,
-    OVERHEAD_ENTER,
-    OVERHEAD_EXIT,
+    OUTSIDE_SHOW_S,
     PCIE_RX_HIGH_BPS,
     PERSIST_S,
     PERSIST_UPDATES,
     PROCESS_SATURATED_PCT,
     SKIP_FIRST_STEPS,
+    STABLE_WINDOW_S,
     STALL_FACTOR,
     STALL_MIN_S,
     STALL_TYPICAL_STEPS,
     SWAP_IN_ENTER_BPS,
     SYSTEM_WINDOW_S,
+    WARM_S,
 )
 
 SEVERITIES = ("ok", "info", "warning", "critical")
-IMMEDIATE_KINDS = frozenset({"stalled", "warming-up"})  # shown at once, and left at once
+# Shown at once, and left at once: facts, not judgements that could flap.
+IMMEDIATE_KINDS = frozenset({"stalled", "warming-up", "outside-loop"})
 
 
 @dataclass(frozen=True)
@@ -102,9 +116,20 @@ def _held(previous: Verdict | None, condition: str) -> bool:
     return any(c == condition or c.startswith(condition + "/") for c in previous.conditions)
 
 
-def _steps_confidence(count: int) -> float:
-    """TraceML needs about 20 steps for a confident verdict; fewer scale it down."""
-    return min(1.0, count / CONFIDENT_STEPS)
+def _time_confidence(seconds: float) -> float:
+    """Consistent evidence in time: full after CONFIDENT_S seconds, whatever the step
+    length (five 1 s steps weigh as much as fifty 0.1 s steps)."""
+    return min(1.0, seconds / CONFIDENT_S)
+
+
+def _share_confidence(ctx: _Ctx, agrees: Callable[[float], bool]) -> float:
+    """Confidence from how long the data wait's share has agreed with the verdict."""
+
+    def chunk_agrees(chunk: Sequence[StepRecord]) -> bool:
+        share = lost_share(chunk)
+        return share is not None and agrees(share)
+
+    return _time_confidence(agreeing_time(ctx.steps, chunk_agrees))
 
 
 def _margin(value: float, threshold: float, scale: float) -> float:
@@ -119,14 +144,42 @@ def _rate(stats: StepStats) -> tuple[float, str]:
     return stats.steps_per_s, "steps/s"
 
 
+def _gain(rate: float, bound: float) -> str:
+    return f"+{(bound / rate - 1) * 100:.0f} %"
+
+
 def _headroom(stats: StepStats, what: str, share: float) -> str | None:
-    """Throughput if ``share`` of the step time went away: rate / (1 - share)."""
+    """Throughput if ``share`` of the step time went away, an upper bound: rate / (1 - share)."""
     if share <= 0 or share >= 1:
         return None
     rate, unit = _rate(stats)
+    if rate <= 0:
+        return None
+    ceiling = rate / (1 - share)
+    return f"without {what}: at most ≈ {fmt.num(ceiling)} {unit}, {_gain(rate, ceiling)}"
+
+
+def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
+    """What the advice can buy: the loading's measured CPU cost per sample times the cores
+    the advice gives it, and never more than the step without any data wait."""
+    plain = _headroom(stats, "the data wait", share)
+    now, after = cause.loader_cores_now, cause.loader_cores_after
+    if plain is None or now is None or after is None or now <= 0:
+        return plain
+    rate, unit = _rate(stats)
+    ceiling = rate / (1 - share)
+    cost = now / rate  # CPU seconds of loading per sample (per step without batch sizes)
+    bound = min(ceiling, after / cost)
+    per = "sample" if unit == "samples/s" else "step"
+    basis = f"loading {fmt.dur(cost)} CPU per {per}"
+    if bound >= ceiling:
+        return (
+            f"without the data wait: at most ≈ {fmt.num(ceiling)} {unit}, "
+            f"{_gain(rate, ceiling)} ({basis} keeps up on {fmt.cores(after)})"
+        )
     return (
-        f"without {what}: ≈ {fmt.num(rate / (1 - share))} {unit}, "
-        f"+{share / (1 - share) * 100:.0f} %"
+        f"with the advice: at most ≈ {fmt.num(bound)} {unit}, {_gain(rate, bound)} ({basis} "
+        f"on {fmt.cores(after)}; without any data wait ≈ {fmt.num(ceiling)})"
     )
 
 
@@ -189,16 +242,23 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         )
     if SKIP_FIRST_STEPS and any(s.index < SKIP_FIRST_STEPS for s in window.steps):
         evidence.append("step 0 is not counted: it carries one-off start-up work")
+    prefetched = prefetched_steps(window.hello.loader if window.hello else None)
+    if prefetched and any(s.index <= prefetched for s in window.steps):
+        evidence.append(
+            f"nor steps 1-{prefetched}: they take the batches the workers prefetched "
+            "during start-up"
+        )
     return Verdict(
         "warming-up",
         "info",
         0.0,
-        f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict",
+        f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict "
+        f"(or {MIN_SLOW_STEPS} covering {fmt.dur(WARM_S)})",
         evidence=tuple(evidence),
     )
 
 
-def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
+def _process_state(systems: Sequence[SystemSample], now: float, in_loop: bool) -> str | None:
     """What the training processes did in the newest recent sample, to tell hung from busy."""
     recent = [s for s in systems if s.processes is not None and s.time >= now - SYSTEM_WINDOW_S]
     sample = recent[-1] if recent else None
@@ -218,10 +278,70 @@ def _process_state(systems: Sequence[SystemSample], now: float) -> str | None:
     if workers:
         text += f", {len(workers)} workers {fmt.pct_value(sum(workers))} CPU in all"
     busy = max(main) >= PROCESS_SATURATED_PCT or sum(workers) >= PROCESS_SATURATED_PCT
-    return text + (
-        ": busy outside the step loop (evaluation, checkpointing?)"
-        if busy
-        else ": nearly idle, so blocked (I/O, a lock, a collective waiting for another rank)"
+    if not busy:
+        return (
+            text + ": nearly idle, so blocked (I/O, a lock, a collective waiting for another rank)"
+        )
+    if in_loop:  # the probe says the loop was not left: the time goes inside a step
+        return text + ": busy inside a step (a very slow step, or stuck in Python code)"
+    return text + ": busy outside the step loop (evaluation, checkpointing?)"
+
+
+_LEFT_BY = {"exhausted": "the loader ran out", "break": "the loop broke off"}
+
+
+def _main_cpu_line(window: Window) -> str | None:
+    """The main training process's CPU in the newest recent node sample."""
+    recent = [
+        s
+        for s in window.systems
+        if s.processes is not None and s.time >= window.now - SYSTEM_WINDOW_S
+    ]
+    if not recent or recent[-1].processes is None:
+        return None
+    mains = [
+        p for p in recent[-1].processes.processes if p.role == "main" and p.cpu_pct is not None
+    ]
+    pid = window.hello.pid if window.hello is not None else None
+    mine = [p for p in mains if p.pid == pid] or mains
+    if not mine:
+        return None
+    cpu = max(p.cpu_pct or 0.0 for p in mine)
+    what = "busy" if cpu >= PROCESS_SATURATED_PCT / 2 else "mostly idle"
+    return f"main process {fmt.pct_value(cpu)} CPU ({what})"
+
+
+def _outside(window: Window) -> Verdict | None:
+    """The training thread left its watched loop (evaluation, checkpointing, the end): not
+    a stall, whatever the time since the last step."""
+    hello = window.hello
+    if hello is None or hello.loop != "outside" or hello.loop_since is None:
+        return None
+    away = max(0.0, window.now - hello.loop_since)
+    if away < OUTSIDE_SHOW_S:
+        return None
+    how = hello.loop_exit or "unknown"
+    if how.startswith("exception:"):
+        headline = (
+            f"Outside the training loop for {fmt.dur(away)}: it ended with "
+            f"{how.removeprefix('exception:')}"
+        )
+    else:
+        headline = f"Outside the training loop for {fmt.dur(away)} (evaluation or checkpoint?)"
+    evidence = [
+        f"the training loop was left {fmt.dur(away)} ago after {hello.step_count} steps "
+        f"({_LEFT_BY.get(how, how)})"
+    ]
+    cpu = _main_cpu_line(window)
+    evidence.append(cpu if cpu is not None else "main process CPU not sampled")
+    return Verdict(
+        "outside-loop",
+        "info",
+        1.0,
+        headline,
+        evidence=tuple(evidence),
+        advice=("steps resume when the loop is entered again",),
+        conditions=("outside-loop",),
     )
 
 
@@ -230,6 +350,8 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     ended and what is typical; a viewer that attached during the hang has no steps and
     relies on the progress the probe repeats in its hello."""
     hello = window.hello
+    if hello is not None and hello.loop == "outside":
+        return None  # not in the loop: nothing is expected to step
     ends = [s.end_time for s in window.steps]
     last_index = window.steps[-1].index if window.steps else None
     if hello is not None and hello.last_step_end is not None:
@@ -252,7 +374,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"last step {last_index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     ]
-    state = _process_state(window.systems, window.now)
+    state = _process_state(
+        window.systems, window.now, hello is not None and hello.loop == "in-loop"
+    )
     if state:
         evidence.append(state)
     pid = f" --pid {window.hello.pid}" if window.hello is not None else ""
@@ -280,11 +404,17 @@ class _Ctx:
     stats: StepStats
     host: HostStats
     devices: list[DeviceState]
-    n_steps: int
+    steps: list[StepRecord]  # usable steps, oldest first
+    own_device: tuple[str, int] | None  # ("GPU", 3): the rank's own accelerator, if matched
+    device_note: str | None  # why the rank's own device could not be matched
 
     @property
     def loader(self) -> LoaderInfo | None:
         return self.window.hello.loader if self.window.hello is not None else None
+
+    @property
+    def framework(self) -> str | None:
+        return self.window.hello.framework if self.window.hello is not None else None
 
 
 @dataclass(frozen=True)
@@ -304,21 +434,19 @@ def _throughput(ctx: _Ctx) -> _Candidate:
     share = stats.lost_share
     if share is None:
         return _unknown_wait(ctx)
-    prev = ctx.previous
-    held_warning = prev is not None and prev.kind == "input-bound" and prev.severity == "warning"
-    warn_at = INPUT_WARN_EXIT if held_warning else INPUT_WARN_ENTER
-    info_at = INPUT_INFO_EXIT if _held(prev, "input-bound") else INPUT_INFO_ENTER
-    if share >= info_at:
-        return _input_bound(ctx, share, "warning" if share >= warn_at else "info")
+    kind, severity = _band(share, ctx.previous)  # share is known here
+    if kind == "input-bound":
+        return _input_bound(ctx, share, severity)
     return _compute_bound(ctx, share)
 
 
 def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
     stats = ctx.stats
     prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
-    cause = input_cause(ctx.host, ctx.loader, prev_cause)
+    cause = input_cause(ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share)
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
-    confidence = _steps_confidence(ctx.n_steps) * _margin(share, threshold, 0.10)
+    exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
+    confidence = _share_confidence(ctx, lambda s: s >= exit_at) * _margin(share, threshold, 0.10)
     if cause.name != "unknown":
         confidence *= cause.confidence
     label = "Input-bound" if severity == "warning" else "Moderately input-bound"
@@ -331,7 +459,7 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
         cause=cause.name,
         evidence=(*_wait_lines(stats), _throughput_line(stats), *cause.evidence),
         advice=cause.advice,
-        headroom=_headroom(stats, "the data wait", share),
+        headroom=_input_headroom(stats, cause, share),
         conditions=(f"input-bound/{cause.name}",),
     )
     return _Candidate(verdict, 0 if severity == "warning" else 4, share)
@@ -362,7 +490,11 @@ def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
     verdict = Verdict(
         "compute-bound",
         "ok",
-        round(_steps_confidence(ctx.n_steps) * _margin(share, INPUT_INFO_ENTER, 0.05), 2),
+        round(
+            _share_confidence(ctx, lambda s: s < INPUT_INFO_ENTER)
+            * _margin(share, INPUT_INFO_ENTER, 0.05),
+            2,
+        ),
         f"Compute-bound: {where} limits throughput ({_lost_label(stats)} {fmt.pct(share)})",
         evidence=tuple(dict.fromkeys(evidence)),
         advice=tuple(dict.fromkeys(advice)),
@@ -397,8 +529,12 @@ def _h2d(ctx: _Ctx) -> _Candidate | None:
     advice = []
     loader = ctx.loader
     if loader is None or loader.pin_memory is not True:
-        now = "" if loader is None or loader.pin_memory is None else " (now False)"
-        advice.append(f"DataLoader(pin_memory=True){now}: pageable memory is copied twice")
+        now = "now False" if loader is not None and loader.pin_memory is False else None
+        now = now or knobs.setting(loader, "pin_memory")
+        advice.append(
+            f"{knobs.knob(ctx.framework, 'pin_memory', 'True')} ({now}): pageable memory is "
+            "copied twice"
+        )
     advice += [
         "tensor.to(device, non_blocking=True) so copies overlap compute",
         "fewer, larger copies per step: move the whole batch once; keep constants on device",
@@ -406,7 +542,7 @@ def _h2d(ctx: _Ctx) -> _Candidate | None:
     verdict = Verdict(
         "h2d-copies",
         "warning",
-        round(_steps_confidence(ctx.n_steps) * _margin(share, H2D_ENTER, 0.10), 2),
+        round(_time_confidence(stats.span_s) * _margin(share, H2D_ENTER, 0.10), 2),
         f"Host-to-device copies take {fmt.pct(share)} of each step",
         evidence=tuple(evidence),
         advice=tuple(advice),
@@ -433,34 +569,51 @@ def _pcie_rx(ctx: _Ctx) -> list[tuple[str, float]]:
         for g in s.gpus:
             if g.pcie_rx_bps is not None:
                 newest[(s.host, g.index)] = g.pcie_rx_bps
-    return [(f"GPU {index}", rx) for (_, index), rx in sorted(newest.items())]
+    return [
+        (f"GPU {index}", rx)
+        for (_, index), rx in sorted(newest.items())
+        if ctx.own_device is None or ctx.own_device == ("GPU", index)
+    ]
 
 
 def _overhead(ctx: _Ctx) -> _Candidate | None:
+    """The device waits for the host's own work: in most steps that barely waited for data,
+    the device had already finished everything queued when the host queued the step."""
     stats = ctx.stats
-    share = stats.overhead_share
-    limit = OVERHEAD_EXIT if _held(ctx.previous, "host-overhead") else OVERHEAD_ENTER
-    if share is None or share < limit:
+    share, n = stats.caught_up_share, stats.caught_up_steps
+    limit = CAUGHT_UP_EXIT if _held(ctx.previous, "host-overhead") else CAUGHT_UP_ENTER
+    # Too few such steps, or most steps wait for data: the input verdict explains it.
+    if share is None or n < MIN_STEPS or 2 * n < stats.timed_steps or share < limit:
         return None
+    caught = round(share * n)
+    evidence = [
+        f"the device had caught up with the host (and waited for it) in {caught} of {n} "
+        f"steps that waited < 5 % for data ({_window_text(stats)})"
+    ]
+    busy = stats.device_busy_share
+    headroom = None
+    if busy is not None and 0 < busy < 1:
+        evidence.append(f"device busy {fmt.pct(busy)} of step time")
+        rate, unit = _rate(stats)
+        headroom = (
+            f"if the host kept the device busy: at most ≈ {fmt.num(rate / busy)} {unit}, "
+            f"{_gain(rate, rate / busy)}"
+        )
     verdict = Verdict(
         "host-overhead",
         "warning",
-        round(_steps_confidence(ctx.n_steps) * _margin(share, OVERHEAD_ENTER, 0.10), 2),
-        f"Host overhead: the device idles {fmt.pct(share)} of each step beyond the data wait",
-        evidence=(
-            f"device idle between steps, not explained by the data wait: {fmt.pct(share)} "
-            f"of step time ({_window_text(stats)})",
-            *_busy_links(ctx),
-        ),
+        round(_time_confidence(stats.span_s) * _margin(share, CAUGHT_UP_ENTER, 0.3), 2),
+        f"Host overhead: the device waits for the host in {fmt.pct(share)} of steps",
+        evidence=(*evidence, *_busy_links(ctx)),
         advice=(
             "CUDA graphs or torch.compile(mode='reduce-overhead') cut per-kernel launch cost",
             "a larger batch does more work per launch",
             "avoid host syncs inside the step (.item(), .cpu(), printing tensors)",
         ),
-        headroom=_headroom(stats, "the idle gaps", share),
+        headroom=headroom,
         conditions=("host-overhead",),
     )
-    return _Candidate(verdict, 0, share)
+    return _Candidate(verdict, 0, 1.0 - busy if busy is not None else 0.0)
 
 
 def _throttling(ctx: _Ctx) -> _Candidate | None:
@@ -559,6 +712,8 @@ def _cpu_quota(ctx: _Ctx, primary_cause: str | None) -> _Candidate | None:
 def _side_notes(ctx: _Ctx, primary: Verdict) -> list[str]:
     """Observations that are not verdicts of their own but matter next to one."""
     notes: list[str] = []
+    if ctx.device_note is not None:
+        notes.append(ctx.device_note)
     h = ctx.host
     if (
         primary.cause != "memory"
@@ -599,23 +754,77 @@ _Builder = Callable[[_Ctx], "_Candidate | None"]
 _BUILDERS: tuple[_Builder, ...] = (_h2d, _overhead, _throttling, _gpu_memory)
 
 
+def _band(share: float | None, previous: Verdict | None) -> tuple[str, str]:
+    """The (kind, severity) the data wait's share gives, with the exit thresholds of what
+    ``previous`` shows (as _throughput decides)."""
+    if share is None:
+        return ("compute-bound", "ok")  # no figure: nothing to hold the shown verdict on
+    held_warning = (
+        previous is not None and previous.kind == "input-bound" and previous.severity == "warning"
+    )
+    warn_at = INPUT_WARN_EXIT if held_warning else INPUT_WARN_ENTER
+    info_at = INPUT_INFO_EXIT if _held(previous, "input-bound") else INPUT_INFO_ENTER
+    if share >= warn_at:
+        return ("input-bound", "warning")
+    if share >= info_at:
+        return ("input-bound", "info")
+    return ("compute-bound", "ok")
+
+
+_BANDS = (("compute-bound", "ok"), ("input-bound", "info"), ("input-bound", "warning"))
+
+
+def _stable_stats(steps: list[StepRecord], previous: Verdict | None) -> StepStats:
+    """The last STEP_WINDOW_S decide, unless they would lower the input-bound verdict shown
+    while the last STABLE_WINDOW_S still support it: then the longer window's figures are
+    the ones judged and shown. A rising wait is shown fast, an easing one only once it
+    has eased for a while (a loader delivering in rounds swings the short window)."""
+    short = step_stats(steps)
+    if previous is None or previous.kind != "input-bound":
+        return short
+    shown = (previous.kind, previous.severity)
+    if _BANDS.index(_band(short.lost_share, previous)) >= _BANDS.index(shown):
+        return short
+    stable = step_stats(steps, STABLE_WINDOW_S)
+    return stable if _band(stable.lost_share, previous) == shown else short
+
+
+def _scope(hello: Hello | None) -> Scope:
+    """What of the node is this run's, from the probe's own facts."""
+    if hello is None:
+        return Scope()
+    loader = hello.loader
+    # The loader's own pids are its workers (compiler or logger children are not);
+    # with num_workers=0 there are none. Unknown otherwise: the sampler's roles stand in.
+    known = loader is not None and (bool(loader.worker_pids) or loader.num_workers == 0)
+    return Scope(
+        affinity=frozenset(hello.cpu_affinity),
+        quota_cores=hello.cpu_quota_cores,
+        main_pid=hello.pid,
+        worker_pids=frozenset(loader.worker_pids) if known and loader is not None else None,
+    )
+
+
 def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
     condition it holds is left only below its exit threshold)."""
-    steps = usable_steps(window.steps)
-    stalled = _stalled(window, steps)
-    if stalled is not None:
-        return stalled
-    if len(steps) < MIN_STEPS:
-        return _warming_up(window, steps)
     hello = window.hello
+    steps = usable_steps(window.steps, prefetched_steps(hello.loader if hello else None))
+    special = _outside(window) or _stalled(window, steps)
+    if special is not None:
+        return special
+    if not enough_steps(steps):
+        return _warming_up(window, steps)
+    own, note = own_device(window.systems, hello.device if hello else None)
     ctx = _Ctx(
         window=window,
         previous=previous,
-        stats=step_stats(steps),
-        host=host_stats(window.systems, hello.host if hello else None, window.now),
-        devices=device_states(window.systems, window.now),
-        n_steps=len(steps),
+        stats=_stable_stats(steps, previous),
+        host=host_stats(window.systems, hello.host if hello else None, window.now, _scope(hello)),
+        devices=device_states(window.systems, window.now, own),
+        steps=steps,
+        own_device=own,
+        device_note=note,
     )
     main = _throughput(ctx)
     candidates = [main, *(c for b in _BUILDERS if (c := b(ctx)) is not None)]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import LoaderInfo
-from gputop_dl.tui.analysis import fmt
+from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.host import HostStats, is_network_fs
 from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_ENTER_PCT,
@@ -37,6 +37,7 @@ from gputop_dl.tui.analysis.thresholds import (
     MIN_SYSTEMS,
     NET_RX_HIGH_BPS,
     OTHERS_CPU_SHARE,
+    OTHERS_CPU_SHARE_BAND,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
@@ -59,6 +60,11 @@ class Cause:
     summary: str  # completes the headline: "Input-bound: <summary>"
     evidence: tuple[str, ...]
     advice: tuple[str, ...]
+    # CPU cores the loading uses now and would have with the advice (None: not measured,
+    # or the advice buys no CPU, e.g. a faster disk): with the throughput they bound the
+    # headroom by the measured CPU cost per sample.
+    loader_cores_now: float | None = None
+    loader_cores_after: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,17 +72,35 @@ class Context:
     host: HostStats
     loader: LoaderInfo | None
     previous_cause: str | None  # cause of the verdict shown now (hysteresis)
+    framework: str | None = None  # hello.framework: whose knob the advice names
+    wait_share: float | None = None  # the loop's data wait / step time (main loads then)
 
     @property
     def enough_host(self) -> bool:
         return self.host.n_host_samples >= MIN_SYSTEMS
 
     @property
+    def configured(self) -> int | None:
+        """num_workers as the probe read it from the loader; None: unknown."""
+        return self.loader.num_workers if self.loader is not None else None
+
+    @property
     def workers(self) -> int | None:
         """Configured num_workers, else the worker processes seen."""
-        if self.loader is not None and self.loader.num_workers is not None:
-            return self.loader.num_workers
+        if self.configured is not None:
+            return self.configured
         return self.host.worker_count
+
+    @property
+    def loader_cores(self) -> float | None:
+        """CPU cores spent loading now: the workers', or with no workers the main process's
+        CPU during the data wait (it loads then)."""
+        h = self.host
+        if self.workers == 0:
+            if h.main_cpu_pct is None or self.wait_share is None:
+                return None
+            return h.main_cpu_pct / 100.0 * self.wait_share
+        return h.worker_cpu_cores
 
     @property
     def loader_cpu_bound(self) -> bool:
@@ -104,40 +128,76 @@ class Context:
         )
 
 
-def suggest_workers(current: int, free_cores: float | None) -> tuple[int, int]:
-    """A num_workers range to try, bounded by the idle cores.
+def suggest_workers(
+    current: int, free_cores: float | None, usable: float | None = None
+) -> tuple[int, int]:
+    """A num_workers range to try, bounded by the idle cores and by the cores this process
+    may use (its affinity and quota).
 
     At most +4 from zero (or doubling from more): the loader's need is unknown, and every
     worker costs RAM; the user raises further if the wait persists.
     """
     step_cap = max(4, current)
     if free_cores is None:
-        return max(2, current + 1), current + step_cap
-    room = int(free_cores)
-    if current == 0:
-        room = max(room, 1)  # moving the loading off the main process frees its time
-    room = max(room, 1)
-    return current + min(2, room), current + min(room, step_cap)
+        lo, hi = max(2, current + 1), current + step_cap
+    else:
+        # Half an idle core is worth a worker; moving the loading off the main process
+        # (from 0 workers) frees the main process's own time.
+        room = max(1, round(free_cores))
+        lo, hi = current + min(2, room), current + min(room, step_cap)
+    if usable is not None:
+        cap = max(current + 1, int(usable))
+        lo, hi = min(lo, cap), min(hi, cap)
+    return lo, hi
+
+
+def cores_text(h: HostStats) -> str:
+    """Idle cores among those this process may use, the same figure everywhere."""
+    if h.free_cores is None:
+        return "idle cores unknown"
+    if h.usable_cores is not None:
+        text = f"{fmt.cores_of(h.free_cores, h.usable_cores)} idle"
+    else:
+        text = f"{fmt.cores(h.free_cores)} idle"
+    if h.idlest_core is not None and 0 < h.free_cores < 2:  # where the idle time is
+        text += f", core {h.idlest_core[0]} {fmt.pct_value(h.idlest_core[1])} idle"
+    return text
+
+
+def _scope_text(h: HostStats) -> str:
+    parts = []
+    if h.node_cores is not None and h.n_cores is not None and h.node_cores != h.n_cores:
+        parts.append(f"affinity {h.n_cores} of the node's {h.node_cores}")
+    if h.quota_cores is not None:
+        parts.append(f"quota {fmt.cores(h.quota_cores)}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def host_evidence(ctx: Context) -> list[str]:
     """The host figures that bear on input-bound causes, as short lines."""
     h = ctx.host
     lines: list[str] = []
-    if h.n_cores is not None and h.free_cores is not None:
-        pinned = f"{h.pinned_cores:.0f}" if h.pinned_cores is not None else "?"
-        lines.append(f"CPU: {pinned} of {h.n_cores} cores pinned, {fmt.cores(h.free_cores)} idle")
+    if h.free_cores is not None:
+        pinned = f", {h.pinned_cores:.0f} pinned" if h.pinned_cores is not None else ""
+        lines.append(f"CPU: {cores_text(h)}{pinned}{_scope_text(h)}")
     if h.main_cpu_pct is not None:
         lines.append(f"main process {fmt.pct_value(h.main_cpu_pct)} CPU (of one core)")
     if h.worker_count:
-        sat = h.saturated_workers if h.saturated_workers is not None else "?"
+        sat = (
+            f", {h.saturated_workers} saturated (≥ 90 % of a core)"
+            if h.saturated_workers is not None
+            else ""
+        )
         mean = f", mean {fmt.pct_value(h.worker_cpu_pct)}" if h.worker_cpu_pct is not None else ""
-        lines.append(f"{h.worker_count} loader workers, {sat} saturated (≥ 90 % of a core){mean}")
+        lines.append(f"{h.worker_count} loader workers{sat}{mean}")
     if h.disk_busy_pct is not None or h.disk_read_bps is not None:
-        read = fmt.bps(h.disk_read_bps) if h.disk_read_bps is not None else "? MB/s"
-        busy = fmt.pct_value(h.disk_busy_pct) if h.disk_busy_pct is not None else "?"
+        figures = []
+        if h.disk_read_bps is not None:
+            figures.append(f"{fmt.bps(h.disk_read_bps)} read")
+        if h.disk_busy_pct is not None:
+            figures.append(f"{fmt.pct_value(h.disk_busy_pct)} busy")
         which = " (data device unknown: busiest disk)" if h.data_disk_guessed else ""
-        lines.append(f"disk {h.data_disk}{which}: {read} read, {busy} busy")
+        lines.append(f"disk {h.data_disk}{which}: {', '.join(figures)}")
     if h.iowait_cores is not None and h.iowait_cores >= 0.1:
         lines.append(f"iowait {fmt.cores(h.iowait_cores)}")
     if h.io_some_pct is not None and h.io_some_pct >= 1.0:
@@ -196,9 +256,16 @@ def _cpu_quota(ctx: Context) -> Cause | None:
         _merge([_quota_line(h)], host_evidence(ctx)),
         (
             f"raise the container's CPU limit{now}: docker --cpus, Kubernetes resources.limits.cpu",
-            "size num_workers to the quota, not to the host's core count",
+            "size num_workers to the quota, not to the host's core count: "
+            + knobs.knob(ctx.framework, "num_workers", f"≤ {_quota_workers(h)}"),
         ),
     )
+
+
+def _quota_workers(h: HostStats) -> int:
+    """Workers that fit the quota beside the main process."""
+    quota = h.quota_cores if h.quota_cores is not None else h.usable_cores
+    return max(1, int(quota or 2) - 1)
 
 
 def _disk_advice(ctx: Context) -> tuple[str, ...]:
@@ -207,10 +274,21 @@ def _disk_advice(ctx: Context) -> tuple[str, ...]:
         "pack small files into shards (WebDataset, TFRecord, LMDB): fewer, larger reads",
     ]
     if ctx.workers is not None and ctx.workers <= 1:
+        lo, hi = suggest_workers(ctx.workers, ctx.host.free_cores, ctx.host.usable_cores)
         advice.append(
-            f"more DataLoader workers keep more reads in flight (num_workers={ctx.workers})"
+            f"{knobs.knob(ctx.framework, 'num_workers', fmt.worker_range(lo, hi))}: more "
+            f"workers keep more reads in flight ({_now(ctx)})"
         )
     return tuple(advice)
+
+
+def _now(ctx: Context) -> str:
+    """The current num_workers, or what is known instead of it."""
+    if ctx.configured is not None:
+        return f"now {ctx.configured}"
+    seen = ctx.host.worker_count
+    workers = f"{seen} worker processes seen; " if seen is not None else ""
+    return workers + knobs.setting(ctx.loader, "num_workers")
 
 
 def _disk_busy(ctx: Context) -> Cause | None:
@@ -271,50 +349,74 @@ def _blocked_loader(ctx: Context) -> Cause | None:
     )
 
 
-def _workers_advice(ctx: Context, current: int) -> tuple[str, ...]:
+def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float | None]:
+    """The advice, and the CPU cores the loading would then have (for the headroom)."""
     h = ctx.host
-    lo, hi = suggest_workers(current, h.free_cores)
-    if h.free_cores is None:
-        why = "idle cores unknown"
-    elif h.free_cores < FREE_CORES_FOR_WORKERS:
-        why = "no core idle now: the worker overlaps loading with the step; more need more cores"
-    else:
-        why = f"{fmt.cores(h.free_cores)} idle"
-    advice = [f"raise DataLoader num_workers from {current} to {fmt.worker_range(lo, hi)} ({why})"]
+    lo, hi = suggest_workers(current, h.free_cores, h.usable_cores)
+    knob = knobs.knob(ctx.framework, "num_workers", fmt.worker_range(lo, hi))
+    advice = [f"set {knob} ({_now(ctx)}; {cores_text(h)})"]
     loader = ctx.loader
     if loader is not None and loader.persistent_workers is False:
-        advice.append("persistent_workers=True: workers are not restarted every epoch")
+        advice.append(
+            f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: workers are not "
+            "restarted every epoch"
+        )
     if loader is not None and loader.prefetch_factor is not None and loader.prefetch_factor < 4:
-        advice.append(f"prefetch_factor {loader.prefetch_factor} → 4 absorbs slow batches")
-    return tuple(advice)
+        advice.append(
+            f"{knobs.knob(ctx.framework, 'prefetch_factor', '4')} (now "
+            f"{loader.prefetch_factor}) absorbs slow batches"
+        )
+    # The workers can at most use the idle cores plus what the loading uses now, and
+    # at most one core each.
+    after: float | None = None
+    if h.free_cores is not None and ctx.loader_cores is not None:
+        after = min(float(hi), ctx.loader_cores + h.free_cores)
+    return tuple(advice), after
 
 
 def _cpu(ctx: Context) -> Cause | None:
     h = ctx.host
     workers = ctx.workers
     if workers == 0:
+        if h.latest_age_s is not None and not ctx.enough_host:
+            # Host samples are on their way: whether the main process computes or waits on
+            # reads decides between this and the disk (no first blame to take back).
+            return None
         pinned = h.main_cpu_pct is not None and h.main_cpu_pct >= PROCESS_SATURATED_PCT
-        line = "num_workers=0: the main process loads every batch itself, between steps"
+        if ctx.configured == 0:
+            line = "num_workers=0: the main process loads every batch itself, between steps"
+            summary = "the main process loads the data itself (num_workers=0)"
+        else:
+            line = (
+                "no DataLoader worker process seen: the main process loads every batch "
+                f"itself; {knobs.setting(ctx.loader, 'num_workers')}"
+            )
+            summary = "the main process loads the data itself (no worker process seen)"
+        advice, after = _workers_advice(ctx, 0)
         return Cause(
             "few-workers",
             0.9 if pinned else 0.75,
-            "the main process loads the data itself (num_workers=0)",
+            summary,
             _merge([line], host_evidence(ctx)),
-            _workers_advice(ctx, 0),
+            advice,
+            ctx.loader_cores,
+            after,
         )
     if workers is None:
         return _single_threaded(ctx)
     if ctx.loader_cpu_bound:
         if h.free_cores is not None and h.free_cores >= FREE_CORES_FOR_WORKERS:
+            advice, after = _workers_advice(ctx, workers)
             return Cause(
                 "few-workers",
                 0.85,
-                f"all {h.worker_count} loader workers are CPU-bound while "
-                f"{fmt.cores(h.free_cores)} idle",
+                f"all {h.worker_count} loader workers are CPU-bound while {cores_text(h)}",
                 tuple(host_evidence(ctx)),
-                _workers_advice(ctx, workers),
+                advice,
+                ctx.loader_cores,
+                after,
             )
-        return _cpu_workers(ctx, 0.85, "every loader worker is CPU-bound and no core is idle")
+        return _cpu_workers(ctx, 0.85, f"every loader worker is CPU-bound with {cores_text(h)}")
     if ctx.enough_host and h.free_cores is not None and h.free_cores < HOST_CPU_FULL_FREE_CORES:
         return _contention(ctx) or _cpu_workers(ctx, 0.7, "the host CPU is full")
     return None
@@ -326,21 +428,35 @@ def _contention(ctx: Context) -> Cause | None:
     if h.n_cores is None or h.free_cores is None or h.training_cpu_cores is None:
         return None
     busy = h.n_cores - h.free_cores
-    if busy <= 0 or h.training_cpu_cores >= OTHERS_CPU_SHARE * busy:
+    share = OTHERS_CPU_SHARE
+    if ctx.previous_cause == "cpu-contention":
+        share += OTHERS_CPU_SHARE_BAND
+    elif ctx.previous_cause == "cpu-workers":
+        share -= OTHERS_CPU_SHARE_BAND
+    if busy <= 0 or h.training_cpu_cores >= share * busy:
         return None
     line = (
         f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
         "cores: other processes take the rest"
     )
+    if h.others:
+        top = ", ".join(f"{name} {fmt.pct_value(cpu)}" for name, cpu in h.others[:3])
+        lines = [line, f"top other consumers: {top}"]
+        find = f"stop, move or renice the other CPU consumers: {top}"
+    else:
+        missing = (
+            "the node sample has no process table"
+            if h.others is None
+            else "the process table shows no other process using CPU"
+        )
+        lines = [line, missing]
+        find = "find the other CPU consumers (top -o %CPU) and stop, move or renice them"
     return Cause(
         "cpu-contention",
         0.7,
         "the host CPU is full with other processes",
-        _merge([line], host_evidence(ctx)),
-        (
-            "find the other CPU consumers (top, gputop's CPU panel) and stop, move or renice them",
-            "or give the job dedicated cores (taskset, a CPU-pinned container)",
-        ),
+        _merge(lines, host_evidence(ctx)),
+        (find, "or give the job dedicated cores (taskset, a CPU-pinned container)"),
     )
 
 
@@ -372,8 +488,12 @@ def _single_threaded(ctx: Context) -> Cause | None:
         "the input pipeline looks single-threaded (main process pinned, cores idle)",
         tuple(host_evidence(ctx)),
         (
-            "load batches in parallel: a torch DataLoader with num_workers "
-            f"{fmt.worker_range(*suggest_workers(0, h.free_cores))}",
+            "load batches in parallel: "
+            + knobs.knob(
+                ctx.framework,
+                "num_workers",
+                fmt.worker_range(*suggest_workers(0, h.free_cores, h.usable_cores)),
+            ),
         ),
     )
 
@@ -432,8 +552,14 @@ RULES: tuple[Callable[[Context], Cause | None], ...] = (
 )
 
 
-def input_cause(host: HostStats, loader: LoaderInfo | None, previous_cause: str | None) -> Cause:
-    ctx = Context(host, loader, previous_cause)
+def input_cause(
+    host: HostStats,
+    loader: LoaderInfo | None,
+    previous_cause: str | None,
+    framework: str | None = None,
+    wait_share: float | None = None,
+) -> Cause:
+    ctx = Context(host, loader, previous_cause, framework, wait_share)
     for rule in RULES:
         cause = rule(ctx)
         if cause is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gputop_dl.probe.messages import DeviceRef
 from gputop_dl.probe.samples import GpuSample, HpuSample, SystemSample
 from gputop_dl.tui.analysis.thresholds import (
     BUSY_UTIL_PCT,
@@ -58,7 +59,34 @@ def _reasons(samples: Sequence[GpuSample]) -> tuple[tuple[str, ...], bool]:
     return slowdown, capped >= need
 
 
-def device_states(systems: Sequence[SystemSample], now: float) -> list[DeviceState]:
+def own_device(
+    systems: Sequence[SystemSample], device: DeviceRef | None
+) -> tuple[tuple[str, int] | None, str | None]:
+    """The (kind, index) of the run's own accelerator in the samples, and a note when it
+    cannot be matched (then every accelerator the run holds memory on is judged).
+
+    The uuid decides when both sides have one (indices differ under CUDA_VISIBLE_DEVICES);
+    else the physical index the probe reported.
+    """
+    if device is None:
+        return None, None
+    kind = "GPU" if device.kind == "cuda" else "HPU"
+    for s in reversed(systems):
+        listed: Sequence[GpuSample | HpuSample] = s.gpus if kind == "GPU" else s.hpus
+        for d in listed:
+            if device.uuid is not None and d.uuid is not None:
+                if d.uuid == device.uuid:
+                    return (kind, d.index), None
+            elif device.index is not None and d.index == device.index:
+                return (kind, d.index), None
+    which = device.uuid or (f"{kind} {device.index}" if device.index is not None else kind)
+    return None, f"own device {which} not in the node sample: all {kind}s of the run judged"
+
+
+def device_states(
+    systems: Sequence[SystemSample], now: float, own: tuple[str, int] | None = None
+) -> list[DeviceState]:
+    """The run's accelerators; only its own one when ``own`` (kind, index) is given."""
     recent = [s for s in systems if s.time >= now - SYSTEM_WINDOW_S]
     hosts = {s.host for s in recent}
     gpus: dict[tuple[str, int], list[GpuSample]] = {}
@@ -76,7 +104,9 @@ def device_states(systems: Sequence[SystemSample], now: float) -> list[DeviceSta
     states: list[DeviceState] = []
     for (host, index), seen in sorted(gpus.items()):
         newest = seen[-1]
-        if not _ours(newest):
+        if own is not None and own != ("GPU", index):
+            continue
+        if own is None and not _ours(newest):
             continue
         slowdown, capped = _reasons(seen)
         states.append(
@@ -93,6 +123,8 @@ def device_states(systems: Sequence[SystemSample], now: float) -> list[DeviceSta
             )
         )
     for (host, index), h in sorted(hpus.items()):
+        if own is not None and own != ("HPU", index):
+            continue
         states.append(
             DeviceState(
                 label=label("HPU", host, index),

@@ -56,3 +56,9 @@ def cores(value: float) -> str:
 
 def worker_range(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}\u2013{hi}"  # en dash
+
+
+def cores_of(part: float, whole: float) -> str:
+    """Part of a number of cores ("0.8 of 2 cores", "1 of 1 core")."""
+    text = f"{part:.1f}".removesuffix(".0")
+    return f"{text} of {cores(whole)}"

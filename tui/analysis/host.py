@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gputop_dl.probe.samples import DiskSample, SystemSample
+from gputop_dl.probe.samples import CpuCore, DiskSample, ProcessSample, SystemSample
 from gputop_dl.tui.analysis.thresholds import (
     CORE_PINNED_PCT,
     NETWORK_FS_PREFIXES,
@@ -25,15 +25,21 @@ class HostStats:
     n_samples: int  # samples of this host in the window (any rank)
     n_host_samples: int  # of those, samples with host-wide figures (the node's sampler)
     latest_age_s: float | None  # age of the newest sample of this host, window or not
-    n_cores: int | None
-    free_cores: float | None  # idle + iowait core-equivalents (capped by a CPU quota)
-    pinned_cores: float | None  # cores at >= CORE_PINNED_PCT busy
+    n_cores: int | None  # cores this process may use: its affinity on the node's cores
+    node_cores: int | None  # all cores of the node
+    usable_cores: float | None  # n_cores, capped by the CPU quota
+    free_cores: float | None  # idle + iowait core-equivalents among n_cores (quota-capped)
+    idlest_core: tuple[int, float] | None  # (index, idle %) of the most idle usable core
+    pinned_cores: float | None  # usable cores at >= CORE_PINNED_PCT busy
     iowait_cores: float | None
     main_cpu_pct: float | None  # the busiest "main" training process, percent of a core
     worker_count: int | None  # worker processes seen (None: no process figures)
     saturated_workers: int | None
     worker_cpu_pct: float | None  # mean over workers, percent of one core
+    worker_cpu_cores: float | None  # all workers together, in cores
     training_cpu_cores: float | None  # all training processes together
+    others: tuple[tuple[str, float], ...] | None  # other processes' ("name (pid N)", CPU %),
+    #   busiest first; None: the sample lists only the training's own processes
     data_disk: str | None
     data_disk_guessed: bool  # data device unknown: the busiest disk stands in
     disk_read_bps: float | None
@@ -62,62 +68,122 @@ def _per_sample(
     return _median([fn(s) for s in samples])
 
 
-def _free_cores(s: SystemSample) -> float | None:
-    if s.cpu is None or not s.cpu.cores:
-        return None
-    busy = [c.busy_pct for c in s.cpu.cores]
-    if any(b is None for b in busy):
+@dataclass(frozen=True)
+class Scope:
+    """What of the node belongs to this run, from the probe's own facts (its hello)."""
+
+    affinity: frozenset[int] = frozenset()  # cores it may run on; empty: unknown (all)
+    quota_cores: float | None = None  # its cgroup CPU limit, when the probe reported one
+    main_pid: int | None = None  # the training process (the rank) judged
+    worker_pids: frozenset[int] | None = None  # its DataLoader workers; None: unknown, then
+    #   the sampler's "worker" role stands in
+
+
+def _cores(s: SystemSample, scope: Scope) -> list[CpuCore]:
+    """The node's cores this process may run on (all of them when the affinity is unknown
+    or names none of the sampled cores)."""
+    if s.cpu is None:
+        return []
+    mine = [c for c in s.cpu.cores if c.index in scope.affinity]
+    return mine or list(s.cpu.cores)
+
+
+def _free_cores(s: SystemSample, scope: Scope) -> float | None:
+    busy = [c.busy_pct for c in _cores(s, scope)]
+    if not busy or any(b is None for b in busy):
         return None
     return sum(100.0 - (b or 0.0) for b in busy) / 100.0
 
 
-def _pinned_cores(s: SystemSample) -> float | None:
-    if s.cpu is None or not s.cpu.cores:
+def _idlest(samples: Sequence[SystemSample], scope: Scope) -> tuple[int, float] | None:
+    """The usable core with the most idle time (median over the samples)."""
+    idle: dict[int, list[float]] = {}
+    for s in samples:
+        for c in _cores(s, scope):
+            if c.busy_pct is not None:
+                idle.setdefault(c.index, []).append(100.0 - c.busy_pct)
+    if not idle:
         return None
-    busy = [c.busy_pct for c in s.cpu.cores]
+    index, values = max(idle.items(), key=lambda kv: (statistics.median(kv[1]), -kv[0]))
+    return index, statistics.median(values)
+
+
+def _pinned_cores(s: SystemSample, scope: Scope) -> float | None:
+    busy = [c.busy_pct for c in _cores(s, scope)]
+    if not busy:
+        return None
     return float(sum(1 for b in busy if b is not None and b >= CORE_PINNED_PCT))
 
 
-def _iowait_cores(s: SystemSample) -> float | None:
-    if s.cpu is None or not s.cpu.cores:
-        return None
-    waits = [c.iowait_pct for c in s.cpu.cores if c.iowait_pct is not None]
+def _iowait_cores(s: SystemSample, scope: Scope) -> float | None:
+    waits = [c.iowait_pct for c in _cores(s, scope) if c.iowait_pct is not None]
     return sum(waits) / 100.0 if waits else None
 
 
-def _process_cpu(s: SystemSample, role: str) -> list[float]:
+def _own(s: SystemSample) -> list[ProcessSample]:
+    """The training's processes: main, workers and its "other" descendants (compilers,
+    tokenizer pools, loggers)."""
+    return list(s.processes.processes) if s.processes is not None else []
+
+
+def _mains(s: SystemSample, scope: Scope) -> list[ProcessSample]:
+    mains = [p for p in _own(s) if p.role == "main"]
+    mine = [p for p in mains if p.pid == scope.main_pid]
+    return mine or mains
+
+
+def _workers(s: SystemSample, scope: Scope) -> list[ProcessSample]:
+    """The DataLoader workers: the loader's own pids when the probe reported them (compiler
+    or logger children are not workers), else the sampler's "worker" role."""
+    if scope.worker_pids is not None:
+        return [p for p in _own(s) if p.pid in scope.worker_pids]
+    return [p for p in _own(s) if p.role == "worker"]
+
+
+def _main_cpu(s: SystemSample, scope: Scope) -> float | None:
+    known = [p.cpu_pct for p in _mains(s, scope) if p.cpu_pct is not None]
+    return max(known) if known else None
+
+
+def _worker_cpu(s: SystemSample, scope: Scope) -> float | None:
+    known = [p.cpu_pct for p in _workers(s, scope) if p.cpu_pct is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _worker_cores(s: SystemSample, scope: Scope) -> float | None:
     if s.processes is None:
-        return []
-    return [p.cpu_pct for p in s.processes.processes if p.role == role and p.cpu_pct is not None]
-
-
-def _main_cpu(s: SystemSample) -> float | None:
-    mains = _process_cpu(s, "main")
-    return max(mains) if mains else None
-
-
-def _worker_cpu(s: SystemSample) -> float | None:
-    workers = _process_cpu(s, "worker")
-    return sum(workers) / len(workers) if workers else None
+        return None
+    known = [p.cpu_pct for p in _workers(s, scope) if p.cpu_pct is not None]
+    return sum(known) / 100.0
 
 
 def _training_cores(s: SystemSample) -> float | None:
-    if s.processes is None:
-        return None
-    known = [p.cpu_pct for p in s.processes.processes if p.cpu_pct is not None]
+    known = [p.cpu_pct for p in _own(s) if p.cpu_pct is not None]
     return sum(known) / 100.0 if known else None
 
 
-def _saturated(s: SystemSample) -> float | None:
+def _saturated(s: SystemSample, scope: Scope) -> float | None:
     if s.processes is None:
         return None
-    if s.processes.worker_count == 0:
-        return 0.0
-    # Recount from the CPU figures when present, so the threshold is ours to name.
-    workers = _process_cpu(s, "worker")
-    if workers:
-        return float(sum(1 for w in workers if w >= PROCESS_SATURATED_PCT))
-    return float(s.processes.saturated_workers)
+    workers = _workers(s, scope)
+    return float(
+        sum(1 for w in workers if w.cpu_pct is not None and w.cpu_pct >= PROCESS_SATURATED_PCT)
+    )
+
+
+def _others(samples: Sequence[SystemSample]) -> tuple[tuple[str, float], ...] | None:
+    """The node's top CPU consumers that are not the training's, busiest first, from the
+    newest sample with a process list (``SystemSample.top``); None: no sample has one."""
+    for s in reversed(samples):
+        # ``top`` is newer than some samplers: a sample without it has no process list.
+        top = getattr(s, "top", None)
+        if top is None:
+            continue
+        own = {p.pid for p in _own(s)}
+        others = [(f"{p.name} (pid {p.pid})", p.cpu_pct) for p in top if p.pid not in own]
+        known = [(name, cpu) for name, cpu in others if cpu is not None]
+        return tuple(sorted(known, key=lambda o: -o[1]))
+    return None
 
 
 def _matches(disk: str, device: str) -> bool:
@@ -161,6 +227,13 @@ def _cap_by_quota(free: float | None, quota: float | None, used: float | None) -
     return min(free, left)
 
 
+def _usable(n_cores: int | None, quota: float | None) -> float | None:
+    """The cores this process may use: its affinity, capped by its quota."""
+    if n_cores is None:
+        return quota
+    return float(n_cores) if quota is None else min(float(n_cores), quota)
+
+
 def select_samples(
     systems: Sequence[SystemSample], host: str | None, now: float
 ) -> tuple[str | None, list[SystemSample], float | None]:
@@ -176,32 +249,45 @@ def select_samples(
     return host, [s for s in mine if s.time >= now - SYSTEM_WINDOW_S], now - newest
 
 
-def host_stats(systems: Sequence[SystemSample], host: str | None, now: float) -> HostStats:
+def host_stats(
+    systems: Sequence[SystemSample], host: str | None, now: float, scope: Scope | None = None
+) -> HostStats:
+    scope = scope or Scope()
     host, samples, age = select_samples(systems, host, now)
     sampled = [s for s in samples if s.host_sampled]
     disk, guessed = _data_disks(sampled)
     swaps = [s.memory.swap_in_bps for s in sampled if s.memory]
-    cores = [len(s.cpu.cores) for s in sampled if s.cpu and s.cpu.cores]
-    quota = next(
-        (s.cgroup.cpu_quota_cores for s in reversed(sampled) if s.cgroup), None
-    )  # newest quota: limits change rarely and the newest is the one in force
+    node = [len(s.cpu.cores) for s in sampled if s.cpu and s.cpu.cores]
+    usable = [len(_cores(s, scope)) for s in sampled if s.cpu and s.cpu.cores]
+    # The probe's own quota first (its cgroup); else the newest the sampler saw.
+    quota = scope.quota_cores
+    if quota is None:
+        quota = next((s.cgroup.cpu_quota_cores for s in reversed(sampled) if s.cgroup), None)
     training = _per_sample(samples, _training_cores)
-    workers = [s.processes.worker_count for s in samples if s.processes is not None]
-    saturated = _per_sample(samples, _saturated)
+    workers = [len(_workers(s, scope)) for s in samples if s.processes is not None]
+    saturated = _per_sample(samples, lambda s: _saturated(s, scope))
+    n_cores = max(usable) if usable else None
     return HostStats(
         host=host,
         n_samples=len(samples),
         n_host_samples=len(sampled),
         latest_age_s=age,
-        n_cores=max(cores) if cores else None,
-        free_cores=_cap_by_quota(_per_sample(sampled, _free_cores), quota, training),
-        pinned_cores=_per_sample(sampled, _pinned_cores),
-        iowait_cores=_per_sample(sampled, _iowait_cores),
-        main_cpu_pct=_per_sample(samples, _main_cpu),
+        n_cores=n_cores,
+        node_cores=max(node) if node else None,
+        usable_cores=_usable(n_cores, quota),
+        free_cores=_cap_by_quota(
+            _per_sample(sampled, lambda s: _free_cores(s, scope)), quota, training
+        ),
+        idlest_core=_idlest(sampled, scope),
+        pinned_cores=_per_sample(sampled, lambda s: _pinned_cores(s, scope)),
+        iowait_cores=_per_sample(sampled, lambda s: _iowait_cores(s, scope)),
+        main_cpu_pct=_per_sample(samples, lambda s: _main_cpu(s, scope)),
         worker_count=workers[-1] if workers else None,
         saturated_workers=round(saturated) if saturated is not None else None,
-        worker_cpu_pct=_per_sample(samples, _worker_cpu),
+        worker_cpu_pct=_per_sample(samples, lambda s: _worker_cpu(s, scope)),
+        worker_cpu_cores=_per_sample(samples, lambda s: _worker_cores(s, scope)),
         training_cpu_cores=training,
+        others=_others(samples),
         data_disk=disk,
         data_disk_guessed=guessed,
         disk_read_bps=_per_sample(sampled, lambda s: _read_bps(s, disk)),

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gputop_dl.probe.messages import StepRecord
+from gputop_dl.probe.messages import LoaderInfo, StepRecord
 from gputop_dl.tui.analysis.thresholds import (
+    CHUNK_S,
+    CONFIDENCE_HORIZON_S,
     H2D_PHASE_NAMES,
     MAX_WINDOW_STEPS,
+    MIN_SLOW_STEPS,
     MIN_STEPS,
     OUTLIER_FACTOR,
     OUTLIER_REPEAT,
     SKIP_FIRST_STEPS,
+    SMALL_WAIT_SHARE,
     STEP_WINDOW_S,
+    WARM_S,
 )
 
 
@@ -39,7 +44,10 @@ class StepStats:
     samples_per_s: float | None
     steps_per_s: float
     device_busy_share: float | None  # device_s / period; None without device timing
-    overhead_share: float | None  # device idle beyond the data wait / period
+    caught_up_steps: int  # steps whose own data wait is small and that report whether the
+    #   device had caught up with the host (StepRecord.device_caught_up)
+    caught_up_share: float | None  # of those, the share where it had: it waited for the host
+    timed_steps: int  # steps that report device_caught_up at all
     h2d_share: float | None  # copy phases / period; None when no step has such a phase
     h2d_phase: str | None  # the phase name that matched
 
@@ -50,16 +58,30 @@ class StepStats:
         return self.idle_share if self.idle_share is not None else self.wait_share
 
 
-def usable_steps(steps: Sequence[StepRecord]) -> list[StepRecord]:
-    """Steps that can enter statistics: not step 0, with a positive finite period."""
-    return [
-        s
-        for s in steps
-        if s.index >= SKIP_FIRST_STEPS and s.period_s > 0 and math.isfinite(s.period_s)
-    ]
+def enough_steps(steps: Sequence[StepRecord]) -> bool:
+    """Enough usable steps for a verdict: MIN_STEPS, or fewer slow ones covering WARM_S."""
+    if len(steps) >= MIN_STEPS:
+        return True
+    return len(steps) >= MIN_SLOW_STEPS and sum(s.period_s for s in steps) >= WARM_S
 
 
-def recent(steps: Sequence[StepRecord]) -> list[StepRecord]:
+def prefetched_steps(loader: LoaderInfo | None) -> int:
+    """Steps after step 0 served from the batches the workers prepared during start-up:
+    num_workers x prefetch_factor (torch's default factor 2 when it is not reported). They
+    wait for nothing whatever the loader's steady rate, so they say nothing about it."""
+    if loader is None or not loader.num_workers:
+        return 0
+    return loader.num_workers * (loader.prefetch_factor or 2)
+
+
+def usable_steps(steps: Sequence[StepRecord], skip: int = 0) -> list[StepRecord]:
+    """Steps that can enter statistics: not step 0 (nor the ``skip`` steps after it), with a
+    positive finite period."""
+    first = SKIP_FIRST_STEPS + skip
+    return [s for s in steps if s.index >= first and s.period_s > 0 and math.isfinite(s.period_s)]
+
+
+def recent(steps: Sequence[StepRecord], window_s: float = STEP_WINDOW_S) -> list[StepRecord]:
     """The steps that ended in the last STEP_WINDOW_S before the newest, at least MIN_STEPS.
 
     Measured from the newest step, not from the clock: a stall is judged separately and
@@ -69,7 +91,7 @@ def recent(steps: Sequence[StepRecord]) -> list[StepRecord]:
     if not tail:
         return []
     newest = max(s.end_time for s in tail)
-    inside = [s for s in tail if s.end_time >= newest - STEP_WINDOW_S]
+    inside = [s for s in tail if s.end_time >= newest - window_s]
     return inside if len(inside) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
@@ -115,10 +137,10 @@ def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
     return sum(parts) / whole if parts and whole > 0 else None
 
 
-def step_stats(steps: list[StepRecord]) -> StepStats:
+def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> StepStats:
     """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
-    and at least MIN_STEPS long."""
-    window = recent(steps)
+    and enough for a verdict (``enough_steps``)."""
+    window = recent(steps, window_s)
     kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
     periods = [s.period_s for s in kept]
     span = sum(periods)
@@ -133,11 +155,17 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
 
     timed = [s for s in kept if s.device_s is not None]
     idled = [s for s in kept if s.device_idle_s is not None]
-    overhead = [max(0.0, (s.device_idle_s or 0.0) - (s.wait_s or 0.0)) for s in idled]
     # With device timing, the wait costs only the part the device sat idle through: the
     # device may still drain queued work while the host waits for the next batch.
     both = [s for s in idled if s.wait_s is not None]
     idle_waits = [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both]
+
+    # A device that caught up while the host waited for data waits for the data, not for
+    # the host's own work: only steps with a small data wait can show host overhead.
+    reported = [s for s in kept if s.device_caught_up is not None]
+    host_limited = [
+        s for s in reported if s.wait_s is not None and s.wait_s <= SMALL_WAIT_SHARE * s.period_s
+    ]
 
     copies = [(s, *_h2d_seconds(s)) for s in kept if s.phases]
     copy_names = [name for _, _, name in copies if name]
@@ -154,7 +182,13 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
         samples_per_s=samples / counted_span if counted and counted_span > 0 else None,
         steps_per_s=len(kept) / span,
         device_busy_share=_share([s.device_s or 0.0 for s in timed], [s.period_s for s in timed]),
-        overhead_share=_share(overhead, [s.period_s for s in idled]),
+        caught_up_steps=len(host_limited),
+        caught_up_share=(
+            sum(1 for s in host_limited if s.device_caught_up) / len(host_limited)
+            if host_limited
+            else None
+        ),
+        timed_steps=len(reported),
         h2d_share=(
             _share([sec for _, sec, _ in copies], [s.period_s for s, _, _ in copies])
             if copy_names
@@ -162,3 +196,40 @@ def step_stats(steps: list[StepRecord]) -> StepStats:
         ),
         h2d_phase=copy_names[0] if copy_names else None,
     )
+
+
+def agreeing_time(
+    steps: Sequence[StepRecord], agrees: Callable[[Sequence[StepRecord]], bool]
+) -> float:
+    """Seconds of consistent evidence: the newest steps, cut into chunks of at least
+    CHUNK_S, back to the first chunk that does not agree (or CONFIDENCE_HORIZON_S).
+
+    Measured in time, not in steps: five 1 s steps are as much evidence as fifty 0.1 s
+    steps with the same split.
+    """
+    total = 0.0
+    chunk: list[StepRecord] = []
+    for step in reversed(steps):
+        if total + sum(s.period_s for s in chunk) >= CONFIDENCE_HORIZON_S:
+            break
+        chunk.append(step)
+        if sum(s.period_s for s in chunk) >= CHUNK_S:
+            if not agrees(chunk):
+                return total
+            total += sum(s.period_s for s in chunk)
+            chunk = []
+    if chunk and agrees(chunk):
+        total += sum(s.period_s for s in chunk)
+    return total
+
+
+def lost_share(steps: Sequence[StepRecord]) -> float | None:
+    """The data wait's cost over ``steps`` as StepStats.lost_share computes it."""
+    both = [s for s in steps if s.device_idle_s is not None and s.wait_s is not None]
+    if both:
+        return _share(
+            [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both],
+            [s.period_s for s in both],
+        )
+    waited = [s for s in steps if s.wait_s is not None]
+    return _share([min(s.wait_s or 0.0, s.period_s) for s in waited], [s.period_s for s in waited])

@@ -10,11 +10,22 @@ make the verdict flap.
 from __future__ import annotations
 
 # --- step window ------------------------------------------------------------------------
-MIN_STEPS = 5  # fewer usable steps: "warming up", never a guess (TraceML needs ~2 to warn)
+MIN_STEPS = 5  # fewer usable steps: "warming up", never a guess (TraceML needs ~2 to warn) ...
+MIN_SLOW_STEPS = 2  # ... unless at least 2 of them cover WARM_S: slow steps (1-2 s, usual
+WARM_S = 3.0  #   for large models) would otherwise keep a verdict back for 5-10 s
 SKIP_FIRST_STEPS = 1  # step 0 carries one-off start-up work (lazy init, autotune, compile)
 STEP_WINDOW_S = 3.0  # steps of the last 3 s: a change near a threshold shows in < 3 s
+# A shown input-bound verdict is lowered (warning -> info -> compute-bound) only when the
+# last 8 s agree with the last 3 s: a loader that delivers in rounds (balanced runs) swings
+# the 3 s share across the thresholds, and the verdict must not follow every swing. A
+# rising wait is shown from the 3 s window at once.
+STABLE_WINDOW_S = 8.0
 MAX_WINDOW_STEPS = 300  # bounds the work for very fast steps
-CONFIDENT_STEPS = 20  # TraceML: ~20 steps for a confident verdict
+# Confidence grows with consistent evidence in time, not in steps (a 1 s step is as much
+# evidence as ten 0.1 s steps): full after 5 s of chunks that agree with the verdict.
+CONFIDENT_S = 5.0
+CHUNK_S = 1.0  # consistency is checked on chunks of at least 1 s of steps ...
+CONFIDENCE_HORIZON_S = 30.0  # ... over at most the last 30 s
 OUTLIER_FACTOR = 10.0  # a step 10x the median period (epoch start, resume after a stall) ...
 OUTLIER_REPEAT = 3.0  # ... with no other step within 3x of it in the history is a one-off;
 #   a loader whose workers deliver in rounds makes such long steps again and again: they count
@@ -31,8 +42,12 @@ H2D_PHASE_NAMES = ("h2d", "to_device", "copy")
 H2D_ENTER = 0.15
 H2D_EXIT = 0.10
 PCIE_RX_HIGH_BPS = 6e9  # half of PCIe 3.0 x16: copies dominate the link
-OVERHEAD_ENTER = 0.15  # device idle between steps, beyond the data wait, per step time
-OVERHEAD_EXIT = 0.10
+# Host overhead: the device had caught up with the host (and waited for it) in at least
+# half of the steps whose own data wait is small, and such steps are at least half of the
+# steps with device timing. Below 40 % it clears (hysteresis).
+CAUGHT_UP_ENTER = 0.5
+CAUGHT_UP_EXIT = 0.4
+SMALL_WAIT_SHARE = 0.05  # a step waiting under 5 % of its period for data is not input-bound
 
 # --- stall --------------------------------------------------------------------------------
 STALL_FACTOR = 5.0  # no step for 5 typical periods ...
@@ -44,9 +59,12 @@ MIN_SYSTEMS = 2  # host-based causes need at least two samples (one can be a tra
 SYSTEM_WINDOW_S = 6.0  # host figures are medians over the samples of the last 6 s
 CORE_PINNED_PCT = 90.0  # a core this busy is pinned
 PROCESS_SATURATED_PCT = 90.0  # a process this busy (of one core) is CPU-bound (= sampler)
-FREE_CORES_FOR_WORKERS = 1.0  # idle core-equivalents needed to suggest more workers
+FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a core 84 %
+#   idle is one (the advice must not say "no core idle" beside it)
 HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
 OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
+OTHERS_CPU_SHARE_BAND = 0.1  # hysteresis: once shown, contention holds up to 60 %; once
+#   cpu-workers is shown, contention needs the training under 40 % (a shared node swings)
 IOWAIT_HIGH_CORES = 0.5  # half a core's worth of time waiting on I/O
 IO_PRESSURE_HIGH_PCT = 20.0  # PSI io "some" avg10: tasks stalled on I/O 20 % of the time
 # A loader process well below one core while the loop waits for it is blocked, not busy;
@@ -100,6 +118,9 @@ THROTTLE_SAMPLE_SHARE = 0.5  # a reason must show in half the recent samples of 
 BATCH_HINT_UTIL_PCT = 90.0  # GPU busy ...
 BATCH_HINT_MEM_MAX = 0.5  # ... and memory half empty: a larger batch may fit and help
 LOW_GPU_UTIL_PCT = 50.0  # compute-bound by the host clock but the GPU mostly idle
+
+# --- outside the loop ---------------------------------------------------------------------
+OUTSIDE_SHOW_S = 2.0  # left the loop this long ago: say so (shorter: an epoch boundary)
 
 # --- tracker ------------------------------------------------------------------------------
 PERSIST_S = 2.0  # a new verdict must hold this long ...

@@ -1,0 +1,454 @@
+"""The analyzer judges a run with the probe's own facts (issues 8, 11, 15): the loop state,
+the user's framework, the cores and the device the process may use, the loader's own worker
+pids, the device catching up with the host; advice and headroom from the figures shown.
+
+Every test here is one "Why" bullet of those issues and fails on the analyzer before them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import pytest
+
+from gputop_dl.probe.messages import DeviceRef, Hello, LoaderInfo
+from gputop_dl.probe.samples import (
+    CpuCore,
+    CpuSample,
+    GpuSample,
+    ProcessSample,
+    SystemSample,
+    TrainingProcesses,
+)
+from gputop_dl.tui.analyzer import Verdict, Window, analyze
+from tests.test_analyzer import (
+    INPUT,
+    PAST_PREFETCH,
+    T0,
+    cores,
+    gpu,
+    hello,
+    make_steps,
+    processes,
+    systems,
+    window,
+)
+
+
+def text(v: Verdict) -> str:
+    return "\n".join((v.headline, *v.evidence, *v.advice, v.headroom or "", *v.notes))
+
+
+def with_facts(h: Hello, **kw: object) -> Hello:
+    return replace(h, **kw)  # type: ignore[arg-type]
+
+
+# --- issue 15 item 4: advice in the user's framework ------------------------------------------
+
+FRAMEWORKS = [
+    ("transformers", "set TrainingArguments(dataloader_num_workers=2\u20134)"),
+    ("lightning", "set DataLoader(num_workers=2\u20134) in train_dataloader()"),
+    ("accelerate", "set DataLoader(num_workers=2\u20134)"),
+    (None, "set DataLoader(num_workers=2\u20134)"),
+]
+
+
+@pytest.mark.parametrize(("framework", "advice"), FRAMEWORKS)
+def test_workers_advice_names_the_users_knob(framework: str | None, advice: str) -> None:
+    h = with_facts(hello(0, persistent=False, prefetch=2), framework=framework)
+    v = analyze(
+        window(make_steps(wait=INPUT), h=h, cpu=cores(8, busy=0, pinned=1), procs=processes(100.0))
+    )
+    assert v.cause == "few-workers", v
+    assert v.advice[0].startswith(advice + " (now 0; "), v.advice
+    if framework == "transformers":
+        assert "TrainingArguments(dataloader_persistent_workers=True)" in v.advice[1]
+        assert "TrainingArguments(dataloader_prefetch_factor=4)" in v.advice[2]
+        assert not any(a.startswith("DataLoader(") for a in v.advice)
+
+
+def test_pin_memory_advice_names_the_users_knob() -> None:
+    h = with_facts(hello(pin_memory=False), framework="transformers")
+    v = analyze(window(make_steps(wait=0.001, phases=(("h2d", 0.02),)), h=h))
+    assert v.kind == "h2d-copies"
+    assert v.advice[0].startswith("TrainingArguments(dataloader_pin_memory=True) (now False)")
+
+
+# --- issue 15 item 3/4: a wrapped loader's unknown settings are said to be unknown -----------
+
+
+def test_wrapped_loader_settings_are_unknown_not_guessed() -> None:
+    shard = LoaderInfo("accelerate.DataLoaderShard", wrapper="accelerate.DataLoaderShard")
+    h = with_facts(hello(), loader=shard, framework="transformers")
+    v = analyze(
+        window(make_steps(wait=INPUT), h=h, cpu=cores(8, busy=0, pinned=1), procs=processes(100.0))
+    )
+    assert v.cause == "few-workers"
+    all_text = text(v)
+    assert "num_workers=0" not in all_text  # not known: never phrased as a fact ...
+    assert not re.search(r"=\w*\?", all_text)  # ... nor as a guess with "?"
+    assert "num_workers unknown (loader wrapped in accelerate.DataLoaderShard)" in all_text
+    assert "no worker process seen" in v.headline
+    assert v.advice[0].startswith("set TrainingArguments(dataloader_num_workers=")
+
+
+# --- issue 15 item 6: confidence grows with consistent evidence in time --------------------
+
+
+def test_five_slow_steps_weigh_as_much_as_fifty_fast_ones() -> None:
+    slow = analyze(
+        window(
+            make_steps(5, period=1.0, wait=0.6, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
+    fast = analyze(
+        window(
+            make_steps(50, period=0.1, wait=0.06, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
+    assert slow.kind == fast.kind == "input-bound"
+    assert slow.confidence == fast.confidence
+
+
+def test_slow_steps_become_confident_on_a_long_consistent_run() -> None:
+    """Eight consistent 1.1 s steps are 8.8 s of evidence: the old analyzer counted 8 of
+    the 20 steps it wanted (0.36 with the margin) until 20 slow steps had passed."""
+    v = analyze(
+        window(
+            make_steps(8, period=1.1, wait=0.001, first=PAST_PREFETCH),
+            procs=processes(30.0, [70.0] * 4),
+        )
+    )
+    assert v.kind == "compute-bound"
+    assert v.confidence >= 0.9
+
+
+def test_confidence_is_low_when_the_split_just_changed() -> None:
+    """3 s of waiting after 27 s of none: 3 s of evidence, not the 30 s of the run."""
+    before = make_steps(27, period=1.0, wait=0.001)
+    after = make_steps(3, period=1.0, wait=0.6, first=28, start=T0 + 27)
+    v = analyze(window(before + after, procs=processes(30.0, [70.0] * 4)))
+    assert v.kind == "input-bound"
+    assert v.confidence <= 0.6
+
+
+# --- issue 8 item 2: outside the training loop is not a stall ------------------------------
+
+
+def test_outside_the_loop_for_25_s_is_info_with_the_main_cpu() -> None:
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    h = with_facts(hello(), loop="outside", loop_since=last + 0.01, loop_exit="exhausted")
+    v = analyze(window(steps, h=h, now=last + 25, procs=processes(97.0)))
+    assert v.kind == "outside-loop" and v.severity == "info", v
+    assert v.headline == "Outside the training loop for 25 s (evaluation or checkpoint?)"
+    assert any("main process 97 % CPU" in e for e in v.evidence), v.evidence
+
+
+def test_a_hang_inside_the_loop_stays_critical() -> None:
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    h = with_facts(hello(), loop="in-loop", loop_since=T0 - 1)
+    v = analyze(window(steps, h=h, now=last + 25, procs=processes(1.0)))
+    assert v.kind == "stalled" and v.severity == "critical", v
+
+
+def test_an_epoch_boundary_is_judged_as_usual() -> None:
+    steps = make_steps(40, wait=0.001)
+    last = steps[-1].end_time
+    h = with_facts(hello(), loop="outside", loop_since=last + 0.01, loop_exit="exhausted")
+    assert analyze(window(steps, h=h, now=last + 0.5)).kind == "compute-bound"
+
+
+# --- issue 8 item 3: idle cores within the affinity and quota; the rank's own device ---------
+
+
+def idle_node(n: int, busy_cores: dict[int, float]) -> CpuSample:
+    made = []
+    for i in range(n):
+        busy = busy_cores.get(i, 2.0)
+        made.append(CpuCore(i, busy, 0.0, 0.0, 0.0, 100.0 - busy))
+    return CpuSample(tuple(made), None)
+
+
+def test_idle_cores_are_counted_within_the_affinity() -> None:
+    """A 64-core node pinned to cores 0-3 (core 0 loading at 100 %): never "60 cores idle"."""
+    h = with_facts(hello(0), cpu_affinity=(0, 1, 2, 3))
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            h=h,
+            cpu=idle_node(64, {0: 100.0, 1: 90.0, 2: 90.0, 3: 90.0}),
+            procs=processes(100.0),
+        )
+    )
+    assert v.cause == "few-workers", v
+    assert "0.3 of 4 cores idle" in v.advice[0], v.advice
+    assert "set DataLoader(num_workers=1)" in v.advice[0]
+    assert not re.search(r"\b(6\d|5\d)(\.\d)? (of \d+ )?cores? idle", text(v)), text(v)
+    assert any("affinity 4 of the node's 64" in e for e in v.evidence), v.evidence
+
+
+def test_the_suggested_workers_are_bounded_by_the_quota() -> None:
+    h = with_facts(hello(0), cpu_quota_cores=2.0)
+    v = analyze(
+        window(make_steps(wait=INPUT), h=h, cpu=idle_node(64, {0: 100.0}), procs=processes(100.0))
+    )
+    assert v.cause == "few-workers"
+    assert v.advice[0].startswith("set DataLoader(num_workers=1"), v.advice  # not 2-4
+
+
+def two_gpus(mem0: float, mem1: float) -> tuple[GpuSample, ...]:
+    return (gpu(mem=mem0), replace(gpu(mem=mem1), index=1, uuid="GPU-1"))
+
+
+def test_the_rank_is_judged_on_its_own_gpu() -> None:
+    """Rank 1 on GPU 1: GPU 0 (rank 0's) nearly full is not rank 1's problem."""
+    h = with_facts(hello(), device=DeviceRef("cuda", 1, "GPU-1"))
+    v = analyze(window(make_steps(wait=0.001), h=h, gpus=two_gpus(0.97, 0.5)))
+    assert v.kind == "compute-bound", v
+    own = with_facts(hello(), device=DeviceRef("cuda", 0, "GPU-0"))
+    assert analyze(window(make_steps(wait=0.001), h=own, gpus=two_gpus(0.97, 0.5))).kind == (
+        "gpu-memory-full"
+    )
+
+
+def test_an_unmatched_device_is_said_and_all_are_judged() -> None:
+    h = with_facts(hello(), device=DeviceRef("cuda", 5, "GPU-9"))
+    v = analyze(window(make_steps(wait=0.001), h=h, gpus=two_gpus(0.97, 0.5)))
+    assert v.kind == "gpu-memory-full"
+    assert any("own device GPU-9 not in the node sample" in n for n in v.notes), v.notes
+
+
+def test_dataloader_workers_are_the_loaders_own_pids() -> None:
+    """Two CPU-bound loader workers and a g++ child of torch.compile: the workers are
+    CPU-bound (the compiler child is not a third, idle worker)."""
+    info = LoaderInfo("torch.DataLoader", num_workers=2, worker_pids=(201, 202))
+    h = with_facts(hello(), loader=info)
+    procs = TrainingProcesses(
+        (
+            ProcessSample(100, "main", "python", 30.0, 1 << 30),
+            ProcessSample(201, "worker", "pt_data_worker", 100.0, 1 << 28),
+            ProcessSample(202, "worker", "pt_data_worker", 99.0, 1 << 28),
+            ProcessSample(300, "worker", "cc1plus", 3.0, 1 << 26),
+        ),
+        saturated_workers=2,
+        worker_count=3,
+    )
+    v = analyze(window(make_steps(wait=INPUT), h=h, cpu=cores(8, busy=5.0), procs=procs))
+    assert v.cause == "few-workers", v
+    assert any(e.startswith("2 loader workers, 2 saturated") for e in v.evidence), v.evidence
+
+
+# --- issue 8 item 6: host overhead from the device catching up ----------------------------
+
+
+def test_host_overhead_fires_when_the_device_keeps_catching_up() -> None:
+    h = with_facts(hello(), timing="cuda-events")
+    v = analyze(window(make_steps(wait=0.001, device_s=0.06, caught_up=0.8), h=h))
+    assert v.kind == "host-overhead", v
+    assert re.search(r"waits for the host in 8\d % of steps", v.headline), v.headline
+    # The device was busy 60 % of the step: at most 1 / 0.6 of today's rate.
+    assert v.headroom == "if the host kept the device busy: at most ≈ 533 samples/s, +67 %"
+
+
+# --- issue 11: advice and headroom from the figures shown ----------------------------------
+
+
+def two_cores_one_loading() -> Window:
+    """The issue's case: 2 cores, the main process loads (num_workers=0) on core 0, core 1
+    only 16 % busy; 85 % of each step waits for data."""
+    return window(
+        make_steps(wait=0.085),
+        h=hello(0),
+        cpu=idle_node(2, {0: 100.0, 1: 16.0}),
+        procs=processes(100.0),
+    )
+
+
+def test_advice_matches_the_idle_core_on_screen() -> None:
+    v = two_cores_one_loading()
+    verdict = analyze(v)
+    assert verdict.cause == "few-workers"
+    all_text = text(verdict)
+    assert "no core idle" not in all_text
+    assert "0.8 of 2 cores idle, core 1 84 % idle" in verdict.advice[0]
+    cpu_line = next(e for e in verdict.evidence if e.startswith("CPU: "))
+    assert "0.8 of 2 cores idle, core 1 84 % idle" in cpu_line  # the same figure
+
+
+def test_headroom_is_bounded_by_what_one_more_worker_can_buy() -> None:
+    """Not "+567 %": the loading costs 2.7 ms of CPU per sample (100 % of a core during 85 %
+    of a 100 ms step of 32), and a worker gets at most one core."""
+    verdict = analyze(two_cores_one_loading())
+    assert verdict.headroom is not None
+    gain = int(re.search(r"\+(\d+) %", verdict.headroom).group(1))  # type: ignore[union-attr]
+    assert gain == 18, verdict.headroom
+    assert "2.7 ms CPU per sample on 1 core" in verdict.headroom
+    assert "without any data wait ≈ 2133" in verdict.headroom
+
+
+@dataclass(frozen=True)
+class Top:
+    """A node's top CPU consumer, as SystemSample.top lists them (helper H11's TopProcess)."""
+
+    pid: int
+    ppid: int | None
+    name: str
+    cpu_pct: float | None
+    rss_bytes: int | None
+
+
+@dataclass(frozen=True)
+class SampleWithTop(SystemSample):
+    # SystemSample.top arrives with the process table (H11); the analyzer reads it by name.
+    top: tuple[Top, ...] | None = None
+
+
+def test_cpu_contention_names_the_top_other_consumers() -> None:
+    procs = TrainingProcesses(
+        (
+            ProcessSample(100, "main", "python", 40.0, 1 << 30),
+            ProcessSample(101, "worker", "python", 60.0, 1 << 28),
+            ProcessSample(102, "other", "cc1plus", 5.0, 1 << 20),  # the training's own child
+        ),
+        saturated_workers=0,
+        worker_count=1,
+    )
+    top = (
+        Top(900, 1, "ffmpeg", 390.0, 1 << 28),
+        Top(100, 1, "python", 40.0, 1 << 30),  # the training itself: not "other"
+        Top(901, 1, "gzip", 150.0, 1 << 20),
+    )
+    now = T0 + 10
+    samples = [
+        SampleWithTop(**vars(s), top=top)
+        for s in systems(now, cpu=cores(6, busy=99.0), procs=procs)
+    ]
+    info = LoaderInfo("torch.DataLoader", num_workers=1, worker_pids=(101,))
+    steps = make_steps(wait=INPUT, start=now - 4.0)
+    v = analyze(Window(now, steps, samples, with_facts(hello(), loader=info)))
+    assert v.cause == "cpu-contention", v
+    assert "top other consumers: ffmpeg (pid 900) 390 %, gzip (pid 901) 150 %" in v.evidence
+    assert "ffmpeg (pid 900) 390 %" in v.advice[0]
+
+
+def test_cpu_contention_without_a_process_table_says_so() -> None:
+    v = analyze(
+        window(make_steps(wait=INPUT), cpu=cores(6, busy=99.0), procs=processes(20.0, [20.0]))
+    )
+    assert v.cause == "cpu-contention", v
+    assert "the node sample has no process table" in v.evidence
+
+
+def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
+    """Disk-bound with num_workers=0: with one host sample the cause is not yet known; with
+    two it is the reads the main process waits on -- never the workers first."""
+    steps = make_steps(wait=INPUT)
+    now = steps[-1].end_time + 0.05
+    blocked = {"procs": processes(20.0), "disk_read": 400e6, "disk_busy": 50.0}
+    one = analyze(window(steps, systems(now, 1, **blocked), hello(0)))
+    assert one.cause == "unknown", one
+    two = analyze(window(steps, systems(now, 2, **blocked), hello(0)))
+    assert two.cause == "disk", two
+
+
+@pytest.mark.parametrize(
+    ("n", "period", "kind"),
+    [
+        (4, 0.1, "warming-up"),  # 0.4 s of steps: too little
+        (1, 5.0, "warming-up"),  # one step is no evidence, however long
+        (2, 1.6, "compute-bound"),  # two slow steps covering 3.2 s
+        (5, 0.1, "compute-bound"),
+    ],
+)
+def test_slow_steps_give_a_verdict_after_a_few_seconds(n: int, period: float, kind: str) -> None:
+    """Issue 11: first verdict within 5 s; five 2 s steps would take 10 s."""
+    assert (
+        analyze(window(make_steps(n, period=period, wait=0.001, first=PAST_PREFETCH))).kind == kind
+    )
+
+
+def test_a_loader_delivering_in_rounds_does_not_flip_the_verdict() -> None:
+    """Issue 11, balanced changed cause four times in 67 s: 10 s of 8 % wait, then 3 s
+    of none, keeps the moderately input-bound verdict shown (the last 8 s still wait 3 %+);
+    a first look at the same steps says compute-bound (the last 3 s)."""
+    quiet = {"procs": processes(30.0, [70.0] * 4)}
+    waiting = make_steps(100, wait=0.008)
+    calm = make_steps(30, wait=0.0, first=101, start=waiting[-1].end_time + 0.1)
+    shown = analyze(window(waiting, **quiet))
+    assert (shown.kind, shown.severity) == ("input-bound", "info")
+    after = window(waiting + calm, **quiet)
+    assert analyze(after, previous=shown).kind == "input-bound"
+    assert analyze(after).kind == "compute-bound"
+    # Sustained: once the last 10 s are calm too, it changes.
+    longer = make_steps(100, wait=0.0, first=101, start=waiting[-1].end_time + 0.1)
+    assert analyze(window(waiting + longer, **quiet), previous=shown).kind == "compute-bound"
+
+
+def test_the_batches_prefetched_at_start_up_do_not_decide() -> None:
+    """Balanced (2 workers, prefetch_factor 2) first showed compute-bound: its first steps
+    took the 4 batches the workers had ready and did not wait. Steps 1-4 are left out."""
+    info = LoaderInfo("torch.DataLoader", num_workers=2, prefetch_factor=2, worker_pids=(7, 8))
+    h = with_facts(hello(), loader=info)
+    ready = make_steps(4, wait=0.0)
+    steady = make_steps(5, wait=0.03, first=5, start=ready[-1].end_time + 0.1)
+    v = analyze(window(ready + steady, h=h, procs=processes(30.0, [70.0, 70.0])))
+    assert v.kind == "input-bound", v
+    early = analyze(window(ready, h=h))
+    assert early.kind == "warming-up"
+    assert "nor steps 1-4: they take the batches the workers prefetched" in "".join(early.evidence)
+
+
+def test_a_busy_hang_inside_the_loop_is_not_called_evaluation() -> None:
+    """In the loop (the probe says so), a busy main process is inside a step, not
+    evaluating; without loop facts the old wording stays."""
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    inside = with_facts(hello(), loop="in-loop", loop_since=T0 - 1)
+    v = analyze(window(steps, h=inside, now=last + 25, procs=processes(99.0)))
+    assert v.kind == "stalled"
+    assert any("busy inside a step" in e for e in v.evidence), v.evidence
+    unknown = analyze(window(steps, now=last + 25, procs=processes(99.0)))
+    assert any("busy outside the step loop" in e for e in unknown.evidence), unknown.evidence
+
+
+@pytest.mark.parametrize(
+    ("previous", "training", "cause"),
+    [
+        (None, 2.7, "cpu-contention"),  # 45 % of the 6 busy cores
+        (None, 3.3, "cpu-workers"),  # 55 %
+        ("cpu-contention", 3.3, "cpu-contention"),  # held up to 60 %
+        ("cpu-contention", 3.9, "cpu-workers"),  # 65 %
+        ("cpu-workers", 2.7, "cpu-workers"),  # held down to 40 %
+        ("cpu-workers", 2.1, "cpu-contention"),  # 35 %
+    ],
+)
+def test_contention_and_cpu_workers_do_not_swap_on_a_shared_node(
+    previous: str | None, training: float, cause: str
+) -> None:
+    """Balanced on a shared 2-core machine swapped cpu-contention and cpu-workers at 57 s.
+    Five workers below saturation, the main process at 30 %, 6 cores full."""
+    each = (training * 100 - 30.0) / 5
+    procs = TrainingProcesses(
+        (
+            ProcessSample(100, "main", "python", 30.0, 1 << 30),
+            *(ProcessSample(101 + i, "worker", "python", each, 1 << 28) for i in range(5)),
+        ),
+        saturated_workers=0,
+        worker_count=5,
+    )
+    info = LoaderInfo("torch.DataLoader", num_workers=5, worker_pids=(101, 102, 103, 104, 105))
+    w = window(
+        make_steps(wait=INPUT),
+        h=with_facts(hello(), loader=info),
+        cpu=cores(6, busy=99.99),
+        procs=procs,
+    )
+    shown = None
+    if previous is not None:
+        shown = Verdict("input-bound", "warning", 0.9, "x", cause=previous)
+    assert analyze(w, previous=shown).cause == cause
