@@ -19,10 +19,10 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from gputop_dl.probe import discovery, loader
+from gputop_dl.probe import discovery
 from gputop_dl.probe.device_timing import CudaTimer, detect
 from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
@@ -125,6 +125,8 @@ class Probe:
         self._timing_note: str | None = "no steps yet"
         self._timing_checks = 0
         self._loader_info: LoaderInfo | None = None
+        self._framework: str | None = None
+        self._loop: tuple[str, float | None, str | None] = ("not-started", None, None)
 
         self._hello_dirty = threading.Event()
         self._stop = threading.Event()
@@ -199,51 +201,36 @@ class Probe:
         *,
         samples: int | Callable[[T], int] | None = None,
         data_path: str | None = None,
-    ) -> Iterator[T]:
-        """Yield the items of ``iterable`` unchanged, timing the wait for each."""
+    ) -> Iterable[T]:
+        """``iterable`` as the training sees it, each pass over it timed (see watch.py).
+
+        Without a working probe (disabled, forked child) it is ``iterable`` itself.
+        """
         if not self.enabled or _forked_child:
-            yield from iterable
-            return
-        try:
-            self._loader_info = loader.describe(iterable, data_path or self._data_path)
-            if self._loader_info.dataset_path and self._sampler is not None:
-                self._sampler.set_data_path(self._loader_info.dataset_path)
-        except Exception:  # describing is best effort
-            self._loader_info = LoaderInfo(kind=type(iterable).__name__)
-        iterator = iter(iterable)
-        pids = loader.worker_pids(iterator)
-        if pids and self._loader_info is not None:
-            self._loader_info = _replace_pids(self._loader_info, pids)
+            return iterable
+        from gputop_dl.probe.watch import Watched
+
+        return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
+
+    def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
+        """A watched pass (epoch) starts; ``info`` carries this epoch's worker pids."""
+        self._loader_info = info
+        self._framework = framework
+        self._loop = ("in-loop", time.time(), None)
+        if info is not None and info.dataset_path and self._sampler is not None:
+            self._sampler.set_data_path(info.dataset_path)  # a store; checked off-thread
         self._hello_dirty.set()
-        perf = time.perf_counter
-        count: Callable[[Any], int | None]
-        if callable(samples):
-            count = samples
-        elif isinstance(samples, int):
-            fixed = samples
-            count = lambda _batch: fixed  # noqa: E731
-        else:
-            count = loader.infer_samples
-        try:
-            while True:
-                t0 = perf()
-                if self._open is not None:
-                    self._close_step(t0)
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    return
-                t1 = perf()
-                try:
-                    n = _as_count(count(batch))
-                except Exception:  # a user's counting function must not stop training
-                    n = None
-                self._open_step(t0, t1, n)
-                yield batch
-        finally:
-            # Leaving the loop (end of epoch, break, exception): the last step ended when
-            # the loop asked for more; a step left open by `break` is dropped.
-            self._open = None
+
+    def _loop_left(self, how: str) -> None:
+        """The watched pass ended: "exhausted", "break" or "exception:<Type>"."""
+        self._open = None  # a step left open by `break` is dropped
+        self._loop = ("outside", time.time(), how)
+        self._hello_dirty.set()
+
+    def worker_pids(self) -> frozenset[int]:
+        """The DataLoader worker pids of the current pass (for the node sampler)."""
+        info = self._loader_info
+        return frozenset(info.worker_pids) if info is not None else frozenset()
 
     def _open_step(self, t0: float, t1: float, n: int | None) -> None:
         if self._timing_checks < 3:
@@ -353,6 +340,10 @@ class Probe:
             step_count=progress[0],
             last_step_end=progress[1],
             typical_period_s=progress[2],
+            loop=self._loop[0],
+            loop_since=self._loop[1],
+            loop_exit=self._loop[2],
+            framework=self._framework,
         )
 
     def _run(self) -> None:
@@ -477,6 +468,7 @@ def _make_sampler(probe: Probe) -> Any:
             interval_s=probe._system_interval_s,
             host=probe._sample_host,
             data_path=probe._data_path,
+            worker_pids=probe.worker_pids,
         )
         sampler.start()
         return sampler
@@ -489,12 +481,6 @@ def _as_count(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
-
-
-def _replace_pids(info: LoaderInfo, pids: tuple[int, ...]) -> LoaderInfo:
-    from dataclasses import replace
-
-    return replace(info, worker_pids=pids)
 
 
 def _device_names(torch: Any) -> tuple[str, ...]:

@@ -1,4 +1,9 @@
-"""The training process and its descendants (DataLoader workers), with per-process CPU."""
+"""The training process and its descendants, with per-process CPU.
+
+Only the pids the probe published as its loader's workers are "worker"s; every other
+descendant (torch.compile's compile workers and g++, tokenizer pools, loggers) is
+"other": counting those as DataLoader workers would blame the loader for the compiler.
+"""
 
 from __future__ import annotations
 
@@ -65,8 +70,10 @@ class ProcessCollector:
         *,
         proc_root: str = "/proc",
         exclude: Callable[[], Collection[int]] | None = None,
+        worker_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self._main_pid = main_pid
+        self._worker_pids = worker_pids
         # Children that are gputop's own tools (the hl-smi loop), not training workers.
         self._exclude = exclude
         self._proc_root = proc_root
@@ -79,6 +86,14 @@ class ProcessCollector:
         # Process objects are kept so psutil's identity (pid + create time) is stable.
         self._procs: dict[int, psutil.Process] = {}
         self._prev_cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu s, monotonic s)
+
+    def _loader_workers(self) -> Collection[int]:
+        if self._worker_pids is None:
+            return ()
+        try:
+            return self._worker_pids()
+        except Exception:  # the probe's state is read across threads: best effort
+            return ()
 
     def _descendants(self, main: psutil.Process) -> list[int]:
         if self._use_children_files:
@@ -120,9 +135,11 @@ class ProcessCollector:
         if self._exclude is not None:
             ours = set(self._exclude())
             workers = [w for w in workers if w not in ours]
+        loader_workers = self._loader_workers()
         now = time.monotonic()
         samples: list[ProcessSample] = []
-        for pid, role in [(self._main_pid, "main"), *((w, "worker") for w in workers)]:
+        roles = ((w, "worker" if w in loader_workers else "other") for w in workers)
+        for pid, role in [(self._main_pid, "main"), *roles]:
             try:
                 samples.append(self._one(pid, role, now))
             except psutil.NoSuchProcess:
