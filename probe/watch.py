@@ -185,22 +185,41 @@ def _rewatch(iterable: Any, samples: Samples, data_path: str | None) -> Any:
 
 
 def _flatten(w: Watched[Any]) -> tuple[list[Any], Any]:
-    return [w._iterable], (w._probe, w._samples, w._data_path)
+    if _needs_distributed_sampler(w._iterable):
+        # Lightning will re-create this loader with a DistributedSampler. Hand it the loader
+        # so each rank keeps its shard; what Lightning then iterates is not this object.
+        _warn_once(
+            "lightning-ddp",
+            "gputop: Lightning re-creates the watched DataLoader with a DistributedSampler "
+            "for %d ranks; probe.watch() leaves that to Lightning, so the training is "
+            "unchanged but its steps are not timed. Pass the plain loader and add "
+            "gputop_dl.probe.integrations.lightning.GputopCallback() to Trainer(callbacks=...).",
+            _world_size(),
+        )
+        return [w._iterable], ("inner", w._probe, w._samples, w._data_path, type(w._iterable))
+    # No children: tree walkers (Lightning's CombinedLoader) keep the Watched as one leaf
+    # and iterate it, so its passes are timed.
+    return [], ("self", w)
 
 
-def _unflatten(children: Iterable[Any], context: Any) -> Watched[Any]:
-    probe, samples, data_path = context
+def _unflatten(children: Iterable[Any], context: Any) -> Any:
+    if context[0] == "self":
+        return context[1]
+    _, probe, samples, data_path, loader_type = context
     (inner,) = children
+    if type(inner) is not loader_type:
+        # Lightning also unflattens each *batch* with the loaders' spec: a batch is
+        # returned as the bare loader would have returned it, never wrapped.
+        return inner
     return Watched(probe, inner, samples=samples, data_path=data_path)
 
 
 def _register_pytree() -> None:
-    """Let tree-walking frameworks reach the loader inside.
+    """Let Lightning see a Watched as one loader, or reach the DataLoader inside.
 
-    Lightning flattens ``train_dataloaders`` with torch's pytree, re-creates each
-    DataLoader it finds (DistributedSampler under DDP, worker seeding) and unflattens:
-    as a pytree node a Watched is unwrapped, the loader processed as if passed bare,
-    and the result watched again -- so each rank still reads its own shard.
+    Lightning flattens ``train_dataloaders`` with torch's pytree and re-creates each
+    DataLoader it finds that needs a DistributedSampler. Under DDP a Watched must hand it
+    the loader (or every rank would read the whole dataset); otherwise it stays a leaf.
     """
     global _pytree_registered
     if _pytree_registered or "torch" not in sys.modules:
@@ -216,6 +235,26 @@ def _register_pytree() -> None:
         log.debug("gputop probe: no pytree registration: %s", exc)
 
 
+def _world_size() -> int:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        return 1
+    return 1
+
+
+def _needs_distributed_sampler(iterable: Any) -> bool:
+    return _world_size() > 1 and loader.is_sharded(iterable) is False
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
 def _check_sharding(iterable: Any, framework: str | None) -> None:
     """Say once, clearly, when the wrapped loader is not sharded though ranks are running.
 
@@ -223,23 +262,15 @@ def _check_sharding(iterable: Any, framework: str | None) -> None:
     receive already watched; the training would then read the whole dataset on every rank.
     The probe cannot fix that without changing the training, so it only says so.
     """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or framework in ("lightning",):
+    if framework == "lightning" or not _needs_distributed_sampler(iterable):
         return
-    try:
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-            return
-    except Exception:
-        return
-    if loader.is_sharded(iterable) is not False or "sharding" in _warned:
-        return
-    _warned.add("sharding")
-    log.warning(
+    _warn_once(
+        "sharding",
         "gputop: the watched loader has no DistributedSampler while %d ranks run, so every "
         "rank reads the whole dataset. If a framework was to shard it (accelerator.prepare, a "
         "Trainer), it did not recognise the wrapped loader: watch the loader it returns "
         "(probe.watch(accelerator.prepare(loader))) or use %s. gputop does not change your "
         "training.",
-        dist.get_world_size(),
+        _world_size(),
         CALLBACKS,
     )

@@ -67,7 +67,9 @@ def test_plain_loop_wrapped_once_over_three_epochs(p: probe.Probe) -> None:
 
 
 # ------------------------------------------------------------------ Lightning
-def lightning_run(watch: bool, max_epochs: int = 2) -> tuple[list[list[float]], float]:
+def lightning_run(
+    watch: bool, max_epochs: int = 2, callbacks: tuple[Any, ...] = ()
+) -> tuple[list[list[float]], float]:
     L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
 
     class Model(L.LightningModule):  # type: ignore[misc,name-defined]
@@ -98,6 +100,7 @@ def lightning_run(watch: bool, max_epochs: int = 2) -> tuple[list[list[float]], 
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=list(callbacks),
     )
     trainer.fit(model, train_dataloaders=probe.watch(loader) if watch else loader)
     return model.seen, model.last
@@ -109,22 +112,38 @@ def test_lightning_fit_over_two_epochs(p: probe.Probe) -> None:
     watched = lightning_run(True)
     assert len(plain[0]) == 20
     assert watched == plain
-    assert p._index >= 19  # the last step of a pass closes only when the loop asks again
+    # Each step timed once, in both epochs -- except the last of each epoch: Lightning
+    # ends an epoch by count without asking for another batch, so that step has no end
+    # the probe could see (timing it to the next epoch would add validation to it).
+    assert p._index == 2 * (10 - 1)
     assert p._framework == "lightning"  # type: ignore[attr-defined]
+
+
+def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.lightning import GputopCallback
+
+    plain = lightning_run(False)
+    timed = lightning_run(False, callbacks=(GputopCallback(),))
+    assert timed == plain and p._index == 20
+    assert p._framework == "lightning" and p._loop[0] == "outside"  # type: ignore[attr-defined]
 
 
 def test_lightning_ddp_each_rank_keeps_its_own_shard(tmp_path: Path) -> None:
     pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "GPUTOP_NAME": "ddp-test"}
     env.pop("LOCAL_RANK", None)
+    stderr = {}
     for mode in ("plain", "watch"):
-        subprocess.run(
+        done = subprocess.run(
             [sys.executable, str(FRAMEWORKS / "lightning_ddp.py"), str(tmp_path), mode],
             env=env,
             check=True,
             timeout=240,
             capture_output=True,
+            text=True,
         )
+        stderr[mode] = done.stderr
     runs = {
         (mode, rank): json.loads((tmp_path / f"{mode}-rank{rank}.json").read_text())
         for mode in ("plain", "watch")
@@ -165,7 +184,9 @@ class DictData(Dataset[Any]):
         return {"x": x, "labels": y}
 
 
-def hf_run(watch: bool, tmp_path: Path, **args: Any) -> tuple[list[list[float]], float, Any]:
+def hf_run(
+    watch: bool, tmp_path: Path, callbacks: tuple[Any, ...] = (), **args: Any
+) -> tuple[list[list[float]], float, Any]:
     transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
     pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
 
@@ -188,7 +209,9 @@ def hf_run(watch: bool, tmp_path: Path, **args: Any) -> tuple[list[list[float]],
         **args,
     )
     trainer_cls = WatchedTrainer if watch else transformers.Trainer
-    trainer = trainer_cls(model=model, args=targs, train_dataset=DictData())
+    trainer = trainer_cls(
+        model=model, args=targs, train_dataset=DictData(), callbacks=list(callbacks)
+    )
     out = trainer.train()
     return model.seen, out.training_loss, trainer
 
@@ -209,6 +232,18 @@ def test_hf_trainer_max_steps_across_epochs(p: probe.Probe, tmp_path: Path) -> N
     plain = hf_run(False, tmp_path, max_steps=8)
     watched = hf_run(True, tmp_path, max_steps=8)
     assert len(plain[0]) == 8 and watched[:2] == plain[:2]
+
+
+def test_hf_callback_times_every_step(p: probe.Probe, tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.transformers import GputopCallback
+
+    plain = hf_run(False, tmp_path, num_train_epochs=2)
+    timed = hf_run(False, tmp_path, callbacks=(GputopCallback(),), num_train_epochs=2)
+    assert timed[:2] == plain[:2] and p._index == 10
+    assert p._framework == "transformers"  # type: ignore[attr-defined]
+    info = p._loader_info
+    assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
 
 
 # ------------------------------------------------------------------ accelerate
