@@ -103,15 +103,13 @@ def describe(iterable: Any, data_path: str | None = None) -> LoaderInfo:
 
 
 def framework(iterable: Any) -> str | None:
-    """Which framework drives the loop, from the loader's own type and the loaded modules.
+    """Which framework drives the loop: the loader's own types, then the caller's stack.
 
-    Rule: a Lightning type anywhere in the wrapper chain -> "lightning"; an accelerate
-    loader while ``transformers.trainer`` is imported -> "transformers" (the HF Trainer
-    builds its loader with accelerate; a script importing the Trainer module but driving
-    accelerate itself is the one case this names wrongly); an accelerate loader otherwise
-    -> "accelerate"; a Lightning fit in progress around a plain loader (the Lightning
-    ``Trainer`` wraps what it is given) is told by the loop entering through
-    ``lightning.pytorch.loops`` -> "lightning". Otherwise None: a plain loop.
+    Called once per watched loader, from inside its first ``next()``, so the stack is the
+    code driving the loop. Rule: a Lightning type in the wrapper chain, or Lightning code
+    on the stack -> "lightning"; ``transformers.trainer`` on the stack -> "transformers"
+    (the HF Trainer builds its loader with accelerate); an accelerate loader otherwise ->
+    "accelerate"; else None (a plain loop). Importing a framework decides nothing.
     """
     names = []
     inner = iterable
@@ -128,10 +126,12 @@ def framework(iterable: Any) -> str | None:
             break
     if any(n.startswith(("lightning", "pytorch_lightning")) for n in names):
         return "lightning"
-    if any(n.startswith("accelerate") for n in names):
-        return "transformers" if "transformers.trainer" in sys.modules else "accelerate"
     if _called_from(("lightning.pytorch.", "pytorch_lightning.")):
         return "lightning"
+    if _called_from(("transformers.trainer",)):
+        return "transformers"
+    if any(n.startswith("accelerate") for n in names):
+        return "accelerate"
     return None
 
 

@@ -1,7 +1,8 @@
 """Lightning DDP on 2 CPU ranks (gloo): each rank writes the batches it trained on.
 
-Usage: python lightning_ddp.py OUT_DIR watch|plain. Lightning re-runs this script for
-rank 1, so everything happens under ``__main__``.
+Usage: python lightning_ddp.py OUT_DIR. Fits twice in the same ranks, first without and
+then with ``probe.watch`` (one launch: DDP start-up is most of the cost). Lightning re-runs
+this script for rank 1, so everything happens under ``__main__``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def main() -> None:
-    out_dir, mode = sys.argv[1], sys.argv[2]
+def fit(out_dir: str, mode: str) -> None:
     L.seed_everything(0, verbose=False)
     xs = torch.arange(24, dtype=torch.float32).unsqueeze(1).repeat(1, 2)
     loader = DataLoader(TensorDataset(xs, xs.sum(1, keepdim=True)), batch_size=3, shuffle=True)
@@ -57,6 +57,11 @@ def main() -> None:
     steps = probe.default()._index if mode == "watch" else None
     with open(os.path.join(out_dir, f"{mode}-rank{rank}.json"), "w") as f:
         json.dump({"seen": model.seen, "loss": model.last_loss, "steps": steps}, f)
+
+
+def main() -> None:
+    for mode in ("plain", "watch"):
+        fit(sys.argv[1], mode)
 
 
 if __name__ == "__main__":
