@@ -285,3 +285,19 @@ def test_a_spawned_process_gets_a_working_loader(
     assert child.exitcode == 0
     assert kind == ("DataLoader" if disabled else "Watched")
     assert first == second == values(base)
+
+
+def test_sampler_checks_the_data_path_on_its_own_thread(tmp_path: Path) -> None:
+    from gputop_dl.probe.collectors.sampler import NodeSampler
+
+    sampler = NodeSampler(main_pid=None, host=True, accelerators=False)
+    try:
+        sampler.set_data_path("/nonexistent/gputop-data")  # a store, nothing resolved yet
+        first = sampler.sample()
+        assert not any(s.source == "data_path" for s in first.statuses)  # ignored: not here
+        sampler.set_data_path(str(tmp_path))
+        second = sampler.sample()
+        status = next(s for s in second.statuses if s.source == "data_path")
+        assert str(tmp_path) in status.message
+    finally:
+        sampler.close()
