@@ -11,11 +11,15 @@ thread; the default probe starts on the first call to :func:`watch` or :func:`st
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from gputop_dl.probe.core import Phase, Probe
 from gputop_dl.probe.version import __version__
+
+# Imported before ``def watch`` below on purpose: loading the submodule binds the package
+# attribute ``watch`` to it, and the function defined afterwards must win that name.
+from gputop_dl.probe.watch import Watched
 
 T = TypeVar("T")
 _default: Probe | None = None
@@ -37,11 +41,15 @@ def watch(
     *,
     samples: int | Callable[[T], int] | None = None,
     data_path: str | None = None,
-) -> Iterator[T]:
-    """Yield the items of ``iterable`` unchanged while timing each step.
+) -> Iterable[T]:
+    """``iterable`` unchanged for the training, with every pass over it timed.
 
-    ``samples``: samples per batch (int) or a function of the batch; by default the
-    leading dimension of the first tensor/array in the batch. ``data_path``: where the
+    The result is re-iterable (each ``for`` over it is an epoch), has the loader's
+    ``len()`` and attributes, pickles, and can be handed to a Lightning or HF Trainer.
+    With the probe disabled it is ``iterable`` itself.
+
+    ``samples``: samples per batch (int) or a function of the batch; by default the leading
+    dimension of the first tensor/array in the batch. ``data_path``: where the
     dataset lives, if the probe cannot tell from the loader.
     """
     return default().watch(iterable, samples=samples, data_path=data_path)
@@ -57,4 +65,4 @@ def phase(name: str) -> Phase:
     return default().phase(name)
 
 
-__all__ = ["Phase", "Probe", "__version__", "default", "phase", "step", "watch"]
+__all__ = ["Phase", "Probe", "Watched", "__version__", "default", "phase", "step", "watch"]

@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gputop_dl.probe import discovery, loader
+from gputop_dl.probe import discovery
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import encode, encode_steps
@@ -283,73 +283,24 @@ class Probe:
         *,
         samples: int | Callable[[T], int] | None = None,
         data_path: str | None = None,
-    ) -> Iterator[T]:
-        """Yield the items of ``iterable`` unchanged, timing the wait for each."""
+    ) -> Iterable[T]:
+        """``iterable`` as the training sees it, each pass over it timed (see watch.py).
+
+        Without a working probe (disabled, forked child) it is ``iterable`` itself.
+        """
         if not self.enabled or _forked_child:
-            yield from iterable
-            return
-        info: LoaderInfo | None
-        try:
-            info = loader.describe(iterable, data_path or self._data_path)
-            if info.dataset_path and self._sampler is not None:
-                self._sampler.set_data_path(info.dataset_path)
-        except Exception:  # describing is best effort
-            info = LoaderInfo(kind=type(iterable).__name__)
-        iterator = iter(iterable)
-        try:
-            pids = loader.worker_pids(iterator)
-            if pids:
-                info = _replace_pids(info, pids)
-        except Exception:  # a hostile __getattr__ must not reach the loop
-            pass
-        self._loop_entered(info, None)
-        perf = time.perf_counter
-        count: Callable[[Any], int | None]
-        if callable(samples):
-            count = samples
-        elif isinstance(samples, int):
-            fixed = samples
-            count = lambda _batch: fixed  # noqa: E731
-        else:
-            count = loader.infer_samples
-        how = "break"
-        try:
-            while True:
-                t0 = perf()
-                if self._open is not None:
-                    self._close_step(t0)
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    how = "exhausted"
-                    return
-                t1 = perf()
-                try:
-                    n = _as_count(count(batch))
-                except Exception:  # a user's counting function must not stop training
-                    n = None
-                self._open_step(t0, t1, n)
-                try:
-                    yield batch
-                except GeneratorExit:
-                    raise
-                except BaseException as exc:  # thrown into the generator: an exception
-                    how = f"exception:{type(exc).__name__}"
-                    raise
-        except GeneratorExit:
-            raise
-        except BaseException as exc:  # the loader itself raised
-            if how == "break":
-                how = f"exception:{type(exc).__name__}"
-            raise
-        finally:
-            self._loop_left(how)
+            return iterable
+        from gputop_dl.probe.watch import Watched
+
+        return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
 
     def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises)."""
         now = time.time()
         if info is not None:
             self._loader_info = info
+            if info.dataset_path and self._sampler is not None:
+                self._sampler.set_data_path(info.dataset_path)  # a store; checked off-thread
         if framework is not None:
             self._framework = framework
         self._loop, self._loop_since, self._loop_exit = "in-loop", now, None
@@ -739,6 +690,7 @@ def _make_sampler(probe: Probe) -> Any:
             interval_s=probe._system_interval_s,
             host=probe._sample_host,
             data_path=probe._data_path,
+            worker_pids=probe.worker_pids,
         )
         sampler.start()
         return sampler
@@ -755,12 +707,6 @@ def _as_count(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
-
-
-def _replace_pids(info: LoaderInfo, pids: tuple[int, ...]) -> LoaderInfo:
-    from dataclasses import replace
-
-    return replace(info, worker_pids=pids)
 
 
 def _device_names(torch: Any) -> tuple[str, ...]:

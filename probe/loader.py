@@ -1,67 +1,230 @@
-"""What the probe can learn about the iterable it wraps, without importing torch."""
+"""What the probe can learn about the iterable it wraps, without importing torch or
+reading a file (it runs on the training thread, once per epoch)."""
 
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import replace
 from typing import Any
 
 from gputop_dl.probe.messages import LoaderInfo
 
 _PATH_ATTRS = ("root", "data_dir", "path", "directory", "folder", "img_dir", "data_path")
+_MAX_DEPTH = 4
+
+# Wrappers that hold the real DataLoader, by (module prefix, class name): the attribute
+# that leads to it and the name shown as LoaderInfo.wrapper.
+_WRAPPERS: dict[str, tuple[str, str]] = {
+    "DataLoaderShard": ("base_dataloader", "accelerate.DataLoaderShard"),
+    "DataLoaderDispatcher": ("base_dataloader", "accelerate.DataLoaderDispatcher"),
+    "SkipDataLoader": ("base_dataloader", "accelerate.SkipDataLoader"),
+    "CombinedLoader": ("iterables", "lightning.CombinedLoader"),
+}
+
+
+def _get(obj: Any, name: str) -> Any:
+    """getattr that never raises: properties of third-party loaders may raise anything."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _is_torch_loader(cls: type) -> bool:
+    return any(
+        c.__name__ in ("DataLoader", "StatefulDataLoader")
+        and c.__module__.startswith(("torch.utils.data", "torchdata"))
+        for c in cls.__mro__
+    )
+
+
+def unwrap(iterable: Any) -> tuple[Any, str | None]:
+    """The DataLoader inside known wrappers, and the wrapper's name (None: not wrapped).
+
+    ``type()``, not ``isinstance``: accelerate's loaders pretend to be their inner
+    DataLoader's class through a ``__class__`` property.
+    """
+    wrapper: str | None = None
+    inner = iterable
+    for _ in range(_MAX_DEPTH):
+        cls = type(inner)
+        entry = _WRAPPERS.get(cls.__name__)
+        if entry is None:
+            if hasattr(cls, "wrapped") and cls.__module__.startswith("gputop_dl"):
+                inner = _get(inner, "wrapped")
+                continue
+            break
+        attr, name = entry
+        wrapper = wrapper or name
+        nxt = _get(inner, attr)
+        if isinstance(nxt, dict | list | tuple):  # CombinedLoader: one iterable inside
+            values = list(nxt.values()) if isinstance(nxt, dict) else list(nxt)
+            nxt = values[0] if len(values) == 1 else None
+        if nxt is None:
+            return inner, wrapper
+        inner = nxt
+    return inner, wrapper
 
 
 def describe(iterable: Any, data_path: str | None = None) -> LoaderInfo:
-    """Read a DataLoader's settings by duck typing; anything missing stays None."""
-    cls = type(iterable)
-    is_torch_loader = cls.__module__.startswith("torch.utils.data") or any(
-        c.__name__ == "DataLoader" for c in cls.__mro__
-    )
-    if not is_torch_loader:
-        return LoaderInfo(kind=cls.__name__, dataset_path=data_path)
+    """Read a DataLoader's settings by duck typing, through known wrappers.
+
+    Anything that cannot be read stays None. Touches no file: ``dataset_path`` is the
+    candidate the dataset names; the sampler thread checks that it exists.
+    """
+    inner, wrapper = unwrap(iterable)
+    cls = type(inner)
+    if not _is_torch_loader(cls):
+        return LoaderInfo(
+            kind=cls.__name__,
+            dataset_path=data_path or dataset_path(_get(inner, "dataset")),
+            wrapper=wrapper,
+        )
+    batch_size = _int_or_none(_get(inner, "batch_size"))
+    if batch_size is None:  # accelerate builds its loaders around a batch sampler
+        batch_sampler = _get(inner, "batch_sampler")
+        batch_size = _int_or_none(_get(batch_sampler, "batch_size"))
+    num_workers = _int_or_none(_get(inner, "num_workers"))
+    prefetch = _int_or_none(_get(inner, "prefetch_factor"))
     return LoaderInfo(
-        kind="torch.DataLoader",
-        num_workers=_int_or_none(getattr(iterable, "num_workers", None)),
-        pin_memory=_bool_or_none(getattr(iterable, "pin_memory", None)),
-        batch_size=_int_or_none(getattr(iterable, "batch_size", None)),
-        prefetch_factor=_int_or_none(getattr(iterable, "prefetch_factor", None)),
-        persistent_workers=_bool_or_none(getattr(iterable, "persistent_workers", None)),
-        dataset_path=data_path or dataset_path(getattr(iterable, "dataset", None)),
+        kind="torchdata.StatefulDataLoader"
+        if cls.__name__ == "StatefulDataLoader"
+        else "torch.DataLoader",
+        num_workers=num_workers,
+        pin_memory=_bool_or_none(_get(inner, "pin_memory")),
+        batch_size=batch_size,
+        # torch keeps prefetch_factor=2 on the object even with no workers, where it means nothing
+        prefetch_factor=prefetch if num_workers else None,
+        persistent_workers=_bool_or_none(_get(inner, "persistent_workers")),
+        dataset_path=data_path or dataset_path(_get(inner, "dataset")),
+        wrapper=wrapper,
     )
 
 
-def worker_pids(iterator: Any) -> tuple[int, ...]:
-    """PIDs of a torch multiprocessing loader iterator's workers (private attribute)."""
-    workers = getattr(iterator, "_workers", None)
+def framework(iterable: Any) -> str | None:
+    """Which framework drives the loop: the loader's own types, then the caller's stack.
+
+    Called once per watched loader, from inside its first ``next()``, so the stack is the
+    code driving the loop. Rule: a Lightning type in the wrapper chain, or Lightning code
+    on the stack -> "lightning"; ``transformers.trainer`` on the stack -> "transformers"
+    (the HF Trainer builds its loader with accelerate); an accelerate loader otherwise ->
+    "accelerate"; else None (a plain loop). Importing a framework decides nothing.
+    """
+    names = []
+    inner = iterable
+    for _ in range(_MAX_DEPTH):
+        cls = type(inner)
+        names.append(cls.__module__)
+        entry = _WRAPPERS.get(cls.__name__)
+        if entry is None:
+            break
+        nxt = _get(inner, entry[0])
+        if not isinstance(nxt, dict | list | tuple) and nxt is not None:
+            inner = nxt
+        else:
+            break
+    if any(n.startswith(("lightning", "pytorch_lightning")) for n in names):
+        return "lightning"
+    if _called_from(("lightning.pytorch.", "pytorch_lightning.")):
+        return "lightning"
+    if _called_from(("transformers.trainer",)):
+        return "transformers"
+    if any(n.startswith("accelerate") for n in names):
+        return "accelerate"
+    return None
+
+
+def _called_from(prefixes: tuple[str, ...], depth: int = 12) -> bool:
+    """Whether a module with one of these prefixes is on the caller's stack (once per epoch)."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        module = frame.f_globals.get("__name__", "")
+        if isinstance(module, str) and module.startswith(prefixes):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def worker_pids(iterator: Any, iterable: Any = None) -> tuple[int, ...]:
+    """PIDs of the loader's worker processes for this pass (private torch attributes).
+
+    Looks in the iterator (torch's ``_workers``), in the locals of a generator iterator
+    (accelerate keeps the DataLoader's iterator there once started), and in the
+    persistent iterator of the loader or of the loader inside its wrappers.
+    """
+    candidates = [iterator]
+    frame = _get(iterator, "gi_frame")
+    if frame is not None:
+        candidates.extend(frame.f_locals.values())
+    if iterable is not None:
+        inner, _ = unwrap(iterable)
+        candidates.extend((_get(iterable, "_iterator"), _get(inner, "_iterator")))
+    for candidate in candidates:
+        pids = _pids_of(candidate)
+        if pids:
+            return pids
+    return ()
+
+
+def _pids_of(iterator: Any) -> tuple[int, ...]:
+    workers = _get(iterator, "_workers")
     if not isinstance(workers, list):
         return ()
     pids = []
     for worker in workers:
-        pid = getattr(worker, "pid", None)
-        if isinstance(pid, int):
+        pid = _get(worker, "pid")
+        if isinstance(pid, int) and not isinstance(pid, bool):
             pids.append(pid)
     return tuple(pids)
 
 
+def with_pids(info: LoaderInfo | None, pids: tuple[int, ...]) -> LoaderInfo | None:
+    if info is None or info.worker_pids == pids:
+        return info
+    return replace(info, worker_pids=pids)
+
+
+def is_sharded(iterable: Any) -> bool | None:
+    """Whether the loader reads a per-rank shard (None: cannot tell)."""
+    inner, wrapper = unwrap(iterable)
+    if wrapper is not None and wrapper.startswith("accelerate"):
+        return True  # accelerate shards through its batch sampler or dispatches
+    if not _is_torch_loader(type(inner)):
+        return None
+    samplers = [_get(inner, "sampler"), _get(_get(inner, "batch_sampler"), "sampler")]
+    names = {c.__name__ for s in samplers if s is not None for c in type(s).__mro__}
+    if names & {"DistributedSampler", "DistributedSamplerWrapper"}:
+        return True
+    dataset = _get(inner, "dataset")
+    if dataset is not None and any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__):
+        return None  # an IterableDataset may shard itself
+    return False
+
+
 def dataset_path(dataset: Any, depth: int = 0) -> str | None:
-    """A directory or file the dataset reads, from common attribute names.
+    """The directory or file the dataset names, from common attribute names (unchecked).
 
     Follows ``.dataset`` through wrappers such as Subset. Used to find the block device
-    and filesystem holding the data, so the analyzer can blame the right disk.
+    and filesystem holding the data, so the analyzer can blame the right disk. Reads no
+    file: called on the training thread.
     """
     if dataset is None or depth > 3:
         return None
     for attr in _PATH_ATTRS:
-        value = getattr(dataset, attr, None)
-        if isinstance(value, str | os.PathLike) and os.path.exists(value):
+        value = _get(dataset, attr)
+        if isinstance(value, str | os.PathLike) and os.fspath(value):
             return os.path.abspath(os.fspath(value))
-    files = getattr(dataset, "files", None) or getattr(dataset, "samples", None)
+    files = _get(dataset, "files") or _get(dataset, "samples")
     if isinstance(files, list | tuple) and files:
         first = files[0]
         if isinstance(first, tuple) and first:
             first = first[0]
-        if isinstance(first, str | os.PathLike) and os.path.exists(first):
+        if isinstance(first, str | os.PathLike) and os.fspath(first):
             return os.path.dirname(os.path.abspath(os.fspath(first)))
-    return dataset_path(getattr(dataset, "dataset", None), depth + 1)
+    return dataset_path(_get(dataset, "dataset"), depth + 1)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -255,9 +255,9 @@ def test_loopback_traffic_seen_on_lo() -> None:
 
 
 def test_process_collector_sees_spinning_worker() -> None:
-    pc = ProcessCollector(os.getpid())
     hc = HostCollector()  # to tell a starved spinner from a wrong figure
     proc = _spinner(2.5)
+    pc = ProcessCollector(os.getpid(), worker_pids=lambda: {proc.pid})
     try:
         time.sleep(0.2)
         first = pc.sample()
@@ -294,7 +294,8 @@ def test_process_collector_sees_spinning_worker() -> None:
 
 
 def test_process_collector_finds_grandchildren() -> None:
-    # A worker that forks its own helper: both are descendants, both are "worker".
+    # A loader worker that runs its own helper (a decoder): both count as the loader's;
+    # a child the probe did not publish is "other" (compilers, tokenizers, loggers).
     code = (
         "import subprocess, sys, time\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)'])\n"
@@ -306,11 +307,15 @@ def test_process_collector_finds_grandchildren() -> None:
     try:
         assert parent.stdout is not None
         grandchild = int(parent.stdout.readline())
-        tree = ProcessCollector(os.getpid()).sample()
+        tree = ProcessCollector(os.getpid(), worker_pids=lambda: {parent.pid}).sample()
         assert tree is not None
         roles = {p.pid: p.role for p in tree.processes}
         assert roles.get(parent.pid) == "worker"
         assert roles.get(grandchild) == "worker"
+        assert tree.worker_count == 2
+        unpublished = ProcessCollector(os.getpid()).sample()
+        assert unpublished is not None and unpublished.worker_count == 0
+        assert {p.role for p in unpublished.processes if p.pid != os.getpid()} == {"other"}
         if Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
             # the fast path (CONFIG_PROC_CHILDREN) agrees with what the collector reported
             assert set(descendants_from_children_files(os.getpid())) >= {parent.pid, grandchild}
@@ -329,12 +334,42 @@ def test_process_collector_leaves_out_our_own_tool_children() -> None:
     tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        tree = ProcessCollector(os.getpid(), exclude=lambda: {tool.pid}).sample()
+        tree = ProcessCollector(
+            os.getpid(), exclude=lambda: {tool.pid}, worker_pids=lambda: {worker.pid}
+        ).sample()
         assert tree is not None
         pids = {p.pid for p in tree.processes}
         assert worker.pid in pids and tool.pid not in pids
+        assert tree.worker_count == 1
     finally:
         for proc in (tool, worker):
+            proc.kill()
+            proc.wait()
+
+
+def test_only_published_loader_workers_are_workers() -> None:
+    # Why: under torch.compile, g++/cc1plus children were shown as "DataLoader 2 workers".
+    loader_worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    compiler = subprocess.Popen(["sleep", "30"])  # stands in for g++: any other child
+    published: set[int] = set()
+    try:
+        pc = ProcessCollector(os.getpid(), worker_pids=lambda: published)
+        before = pc.sample()
+        assert before is not None and before.worker_count == 0  # nothing published yet
+        published.add(loader_worker.pid)
+        tree = pc.sample()
+        assert tree is not None
+        roles = {p.pid: p.role for p in tree.processes}
+        assert roles[loader_worker.pid] == "worker" and roles[compiler.pid] == "other"
+        assert tree.worker_count == 1
+
+        def broken() -> set[int]:
+            raise RuntimeError("probe state mid-update")
+
+        survived = ProcessCollector(os.getpid(), worker_pids=broken).sample()
+        assert survived is not None and survived.worker_count == 0
+    finally:
+        for proc in (loader_worker, compiler):
             proc.kill()
             proc.wait()
 

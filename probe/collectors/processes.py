@@ -1,7 +1,13 @@
-"""The training process and its descendants (DataLoader workers), with per-process CPU."""
+"""The training process and its descendants, with per-process CPU.
+
+Only the pids the probe published as its loader's workers are "worker"s; every other
+descendant (torch.compile's compile workers and g++, tokenizer pools, loggers) is
+"other": counting those as DataLoader workers would blame the loader for the compiler.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Collection
@@ -19,13 +25,16 @@ def _children_files_supported(proc_root: str) -> bool:
     return os.path.exists(os.path.join(proc_root, str(pid), "task", str(pid), "children"))
 
 
-def descendants_from_children_files(pid: int, proc_root: str = "/proc") -> list[int]:
+def descendants_from_children_files(
+    pid: int, proc_root: str = "/proc", parents: dict[int, int] | None = None
+) -> list[int]:
     """All descendants of ``pid`` by walking the per-thread ``children`` files.
 
     Why not psutil's ``children(recursive=True)``: that reads ``/proc/*/stat`` of every
     process on the node (a few ms on a busy 8-GPU node, once per rank per second); this
     reads only the files of the training tree. A child shows up under the thread that
-    forked it, so every thread's file is read.
+    forked it, so every thread's file is read. ``parents`` (if given) is filled with
+    each descendant's parent pid.
     """
     out: list[int] = []
     seen = {pid}
@@ -47,9 +56,23 @@ def descendants_from_children_files(pid: int, proc_root: str = "/proc") -> list[
                 child = int(word)
                 if child not in seen:
                     seen.add(child)
+                    if parents is not None:
+                        parents[child] = cur
                     out.append(child)
                     stack.append(child)
     return out
+
+
+def _role(pid: int, loader_workers: Collection[int], parents: dict[int, int]) -> str:
+    """ "worker" for a published loader worker and its own children (a decoder it runs)."""
+    for _ in range(8):  # the loader's tree is shallow; a pid cycle (reuse) must not hang
+        if pid in loader_workers:
+            return "worker"
+        parent = parents.get(pid)
+        if parent is None:
+            return "other"
+        pid = parent
+    return "other"
 
 
 class ProcessCollector:
@@ -65,8 +88,10 @@ class ProcessCollector:
         *,
         proc_root: str = "/proc",
         exclude: Callable[[], Collection[int]] | None = None,
+        worker_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self._main_pid = main_pid
+        self._worker_pids = worker_pids
         # Children that are gputop's own tools (the hl-smi loop), not training workers.
         self._exclude = exclude
         self._proc_root = proc_root
@@ -80,10 +105,23 @@ class ProcessCollector:
         self._procs: dict[int, psutil.Process] = {}
         self._prev_cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu s, monotonic s)
 
-    def _descendants(self, main: psutil.Process) -> list[int]:
+    def _loader_workers(self) -> Collection[int]:
+        if self._worker_pids is None:
+            return ()
+        try:
+            return self._worker_pids()
+        except Exception:  # the probe's state is read across threads: best effort
+            return ()
+
+    def _descendants(self, main: psutil.Process, parents: dict[int, int]) -> list[int]:
         if self._use_children_files:
-            return descendants_from_children_files(self._main_pid, self._proc_root)
-        return [c.pid for c in main.children(recursive=True)]
+            return descendants_from_children_files(self._main_pid, self._proc_root, parents)
+        out = []
+        for child in main.children(recursive=True):
+            out.append(child.pid)
+            with contextlib.suppress(psutil.Error):
+                parents[child.pid] = child.ppid()
+        return out
 
     def _one(self, pid: int, role: str, now: float) -> ProcessSample:
         proc = self._procs.get(pid)
@@ -113,16 +151,19 @@ class ProcessCollector:
         if main is None or not main.is_running():
             self._main = None
             return None
+        parents: dict[int, int] = {}
         try:
-            workers = self._descendants(main)
+            workers = self._descendants(main, parents)
         except psutil.Error:
             return None
         if self._exclude is not None:
             ours = set(self._exclude())
             workers = [w for w in workers if w not in ours]
+        loader_workers = self._loader_workers()
         now = time.monotonic()
         samples: list[ProcessSample] = []
-        for pid, role in [(self._main_pid, "main"), *((w, "worker") for w in workers)]:
+        roles = ((w, _role(w, loader_workers, parents)) for w in workers)
+        for pid, role in [(self._main_pid, "main"), *roles]:
             try:
                 samples.append(self._one(pid, role, now))
             except psutil.NoSuchProcess:

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Collection
 from typing import Any
 
 from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
@@ -27,7 +28,10 @@ class NodeSampler:
         host: bool = True,
         data_path: str | None = None,
         accelerators: bool = True,
+        worker_pids: Callable[[], Collection[int]] | None = None,
     ) -> None:
+        """``worker_pids``: the DataLoader worker pids the probe published (None: the
+        sampler has no loader to ask -- agents -- and shows no child as a worker)."""
         from gputop_dl.probe.collectors.host import HostCollector
         from gputop_dl.probe.collectors.processes import ProcessCollector
 
@@ -53,8 +57,14 @@ class NodeSampler:
 
                 self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
         self._proc_collector = (
-            ProcessCollector(main_pid, exclude=self._tool_pids) if main_pid is not None else None
+            ProcessCollector(main_pid, exclude=self._tool_pids, worker_pids=worker_pids)
+            if main_pid is not None
+            else None
         )
+        # Set from the training thread, resolved here: existence checks and the
+        # partition scan must never run on the training thread.
+        self._pending_data_path: str | None = None
+        self._data_path_set = False
         self._out: deque[SystemSample] = deque(maxlen=4)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,8 +74,20 @@ class NodeSampler:
         return self._hlsmi.child_pids() if self._hlsmi is not None else set()
 
     def set_data_path(self, path: str | None) -> None:
-        if self._host_collector is not None:
-            self._host_collector.set_data_path(path)
+        """Hand over a dataset path; cheap (a store), checked on the sampler thread."""
+        self._pending_data_path = path
+        self._data_path_set = True
+
+    def _apply_data_path(self) -> None:
+        if not self._data_path_set:
+            return
+        self._data_path_set = False
+        path = self._pending_data_path
+        if self._host_collector is None:
+            return
+        if path is not None and not os.path.exists(path):
+            return  # a name the dataset carries that is not a file here: nothing to watch
+        self._host_collector.set_data_path(path)
 
     def start(self, thread: bool = True) -> None:
         """Start hl-smi's reader and, unless the caller samples itself, our own thread."""
@@ -98,6 +120,7 @@ class NodeSampler:
         self._last = now
         statuses: list[SourceStatus] = []
         fields: dict[str, Any] = {}
+        self._apply_data_path()
         if self._host_collector is not None:
             reading = self._host_collector.sample()
             fields.update(

@@ -1,0 +1,276 @@
+"""``probe.watch(loader)``: the loader itself, with every pass over it timed.
+
+A ``Watched`` object is what the user (or a framework) iterates instead of the loader.
+It must be invisible to the training: each ``iter()`` is a new pass (an epoch), ``len()``
+and every attribute are the loader's, errors from the loader keep their own type and
+traceback, and it pickles as the loader plus options. Only the loop itself is timed, by a
+generator whose per-step work is two clock reads and two calls into the probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from gputop_dl.probe import loader
+
+if TYPE_CHECKING:
+    from gputop_dl.probe.core import Probe
+    from gputop_dl.probe.messages import LoaderInfo
+
+log = logging.getLogger("gputop.probe")
+
+T = TypeVar("T")
+Samples = int | Callable[[Any], int] | None
+
+_pytree_registered = False
+_warned: set[str] = set()
+
+CALLBACKS = (
+    "gputop_dl.probe.integrations.lightning.GputopCallback (Lightning) or "
+    "gputop_dl.probe.integrations.transformers.GputopCallback (HF Trainer)"
+)
+
+
+class Watched(Generic[T]):
+    """The wrapped ``iterable`` as the training sees it; passes over it are timed."""
+
+    _iterable: Iterable[T]
+    _samples: Samples
+    _data_path: str | None
+
+    def __init__(
+        self,
+        probe: Probe,
+        iterable: Iterable[T],
+        *,
+        samples: Samples = None,
+        data_path: str | None = None,
+    ) -> None:
+        if isinstance(iterable, Watched):  # wrapping twice must not time steps twice
+            samples = iterable._samples if samples is None else samples
+            data_path = data_path or iterable._data_path
+            iterable = iterable._iterable
+        self._probe = probe
+        self._iterable = iterable
+        self._samples = samples
+        self._data_path = data_path
+        self._count = _counter(samples)
+        self._info: LoaderInfo | None = None  # the loader's settings, read on the first pass
+        self._framework: str | None = None
+        _register_pytree()
+
+    # ------------------------------------------------------------------ transparency
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found on the Watched itself: batch_size, dataset,
+        # sampler, set_epoch, state_dict, ... are the loader's. The guard keeps copy and
+        # unpickling (which look up attributes before __init__ ran) from recursing.
+        if name.startswith("__") or name in _OWN:
+            raise AttributeError(name)
+        return getattr(self._iterable, name)
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]  # TypeError, as the loader's
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Spawned workers, ddp_spawn: the loader plus options; the other side re-attaches
+        # to its own default probe (or gets the bare loader when the probe is off there).
+        return (_rewatch, (self._iterable, self._samples, self._data_path))
+
+    def __repr__(self) -> str:
+        return f"gputop watch({self._iterable!r})"
+
+    @property
+    def wrapped(self) -> Iterable[T]:
+        """The loader this object times."""
+        return self._iterable
+
+    # ------------------------------------------------------------------ the loop
+    def __iter__(self) -> Iterator[T]:
+        probe = self._probe
+        iterable = self._iterable
+        if not probe.enabled or _forked():
+            yield from iterable
+            return
+        how = "exhausted"
+        try:
+            iterator = iter(iterable)
+            info = self._pass_info(iterator)
+            probe._loop_entered(info, self._framework)
+            pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
+            perf = time.perf_counter
+            count = self._count
+            open_step = probe._open_step
+            close_step = probe._close_step
+            t0 = perf()
+            for batch in iterator:
+                t1 = perf()
+                try:
+                    n = count(batch)
+                except Exception:  # a user's counting function must not stop training
+                    n = None
+                open_step(t0, t1, n)
+                if pids_late:  # generator loaders start their workers on the first next()
+                    pids_late = False
+                    _late_pids(probe, info, iterator)
+                yield batch
+                t0 = perf()
+                if probe._open is not None:  # a nested watched loop may have closed it
+                    close_step(t0)
+        except GeneratorExit:
+            how = "break"
+            raise
+        except BaseException as exc:
+            how = f"exception:{type(exc).__name__}"
+            raise  # bare raise: the loader's own exception and traceback, not chained
+        finally:
+            probe._loop_left(how)
+
+    def _pass_info(self, iterator: Any) -> LoaderInfo | None:
+        """This pass's LoaderInfo: the settings (read once) plus this epoch's worker pids."""
+        try:
+            if self._info is None:
+                self._info = loader.describe(self._iterable, self._data_path)
+                self._framework = loader.framework(self._iterable)
+                _check_sharding(self._iterable, self._framework)
+            pids = loader.worker_pids(iterator, self._iterable)
+            return loader.with_pids(self._info, pids)
+        except Exception:  # describing is best effort; the loop must run regardless
+            return self._info
+
+
+_OWN = frozenset({"_probe", "_iterable", "_samples", "_data_path", "_count", "_info", "_framework"})
+
+
+def _counter(samples: Samples) -> Callable[[Any], int | None]:
+    if callable(samples):
+        fn = samples
+        return lambda batch: _as_count(fn(batch))
+    if isinstance(samples, int) and not isinstance(samples, bool):
+        fixed: int | None = samples if samples >= 0 else None
+        return lambda _batch: fixed
+    return loader.infer_samples
+
+
+def _as_count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _late_pids(probe: Probe, info: LoaderInfo | None, iterator: Any) -> None:
+    """Publish worker pids that only exist once a generator loader has started."""
+    try:
+        pids = loader.worker_pids(iterator, None)
+        if pids and info is not None:
+            probe._loader_info = loader.with_pids(info, pids)
+            probe._hello_dirty.set()
+    except Exception:
+        return
+
+
+def _forked() -> bool:
+    from gputop_dl.probe import core
+
+    return core._forked_child
+
+
+def _rewatch(iterable: Any, samples: Samples, data_path: str | None) -> Any:
+    from gputop_dl import probe
+
+    return probe.watch(iterable, samples=samples, data_path=data_path)
+
+
+def _flatten(w: Watched[Any]) -> tuple[list[Any], Any]:
+    if _needs_distributed_sampler(w._iterable):
+        # Lightning will re-create this loader with a DistributedSampler. Hand it the loader
+        # so each rank keeps its shard; what Lightning then iterates is not this object.
+        _warn_once(
+            "lightning-ddp",
+            "gputop: Lightning re-creates the watched DataLoader with a DistributedSampler "
+            "for %d ranks; probe.watch() leaves that to Lightning, so the training is "
+            "unchanged but its steps are not timed. Pass the plain loader and add "
+            "gputop_dl.probe.integrations.lightning.GputopCallback() to Trainer(callbacks=...).",
+            _world_size(),
+        )
+        return [w._iterable], ("inner", w._probe, w._samples, w._data_path, type(w._iterable))
+    # No children: tree walkers (Lightning's CombinedLoader) keep the Watched as one leaf
+    # and iterate it, so its passes are timed.
+    return [], ("self", w)
+
+
+def _unflatten(children: Iterable[Any], context: Any) -> Any:
+    if context[0] == "self":
+        return context[1]
+    _, probe, samples, data_path, loader_type = context
+    (inner,) = children
+    if type(inner) is not loader_type:
+        # Lightning also unflattens each *batch* with the loaders' spec: a batch is
+        # returned as the bare loader would have returned it, never wrapped.
+        return inner
+    return Watched(probe, inner, samples=samples, data_path=data_path)
+
+
+def _register_pytree() -> None:
+    """Let Lightning see a Watched as one loader, or reach the DataLoader inside.
+
+    Lightning flattens ``train_dataloaders`` with torch's pytree and re-creates each
+    DataLoader it finds that needs a DistributedSampler. Under DDP a Watched must hand it
+    the loader (or every rank would read the whole dataset); otherwise it stays a leaf.
+    """
+    global _pytree_registered
+    if _pytree_registered or "torch" not in sys.modules:
+        return
+    _pytree_registered = True
+    try:
+        from torch.utils import _pytree
+
+        _pytree.register_pytree_node(
+            Watched, _flatten, _unflatten, serialized_type_name="gputop_dl.probe.watch.Watched"
+        )
+    except Exception as exc:  # a private torch API: without it only DDP sharding warns
+        log.debug("gputop probe: no pytree registration: %s", exc)
+
+
+def _world_size() -> int:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        return 1
+    return 1
+
+
+def _needs_distributed_sampler(iterable: Any) -> bool:
+    return _world_size() > 1 and loader.is_sharded(iterable) is False
+
+
+def _warn_once(key: str, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def _check_sharding(iterable: Any, framework: str | None) -> None:
+    """Say once, clearly, when the wrapped loader is not sharded though ranks are running.
+
+    Frameworks that shard by type (``accelerator.prepare``) do not recognise a loader they
+    receive already watched; the training would then read the whole dataset on every rank.
+    The probe cannot fix that without changing the training, so it only says so.
+    """
+    if framework == "lightning" or not _needs_distributed_sampler(iterable):
+        return
+    _warn_once(
+        "sharding",
+        "gputop: the watched loader has no DistributedSampler while %d ranks run, so every "
+        "rank reads the whole dataset. If a framework was to shard it (accelerator.prepare, a "
+        "Trainer), it did not recognise the wrapped loader: watch the loader it returns "
+        "(probe.watch(accelerator.prepare(loader))) or use %s. gputop does not change your "
+        "training.",
+        _world_size(),
+        CALLBACKS,
+    )

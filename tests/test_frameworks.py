@@ -1,0 +1,418 @@
+"""The contract with the frameworks people train with: watching the loader changes nothing.
+
+With and without ``probe.watch`` the training sees the same batches in the same order,
+the same number per epoch and per rank, and ends with the same loss (fixed seed, CPU).
+Real Lightning, transformers, accelerate and torch.compile; tiny models and datasets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputop_dl import probe
+from gputop_dl.probe import loader as loader_mod
+
+torch = pytest.importorskip("torch", reason="the frameworks train torch models")
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
+
+FRAMEWORKS = Path(__file__).parent / "frameworks"
+
+
+@pytest.fixture
+def p() -> Iterator[probe.Probe]:
+    """The default probe, as a user's ``probe.watch`` reaches it; fresh for each test."""
+    probe._default = probe.Probe(name="frameworks", system_interval_s=0)
+    yield probe._default
+    probe._default.close()
+    probe._default = None
+
+
+def dataset(n: int = 20) -> TensorDataset:
+    xs = torch.arange(n, dtype=torch.float32).unsqueeze(1).repeat(1, 2) / n
+    return TensorDataset(xs, xs.sum(1, keepdim=True))
+
+
+# ------------------------------------------------------------------ plain loop
+def test_plain_loop_wrapped_once_over_three_epochs(p: probe.Probe) -> None:
+    def run(watch: bool) -> tuple[list[list[float]], float]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader: Any = DataLoader(dataset(), batch_size=4, shuffle=True)
+        if watch:
+            loader = probe.watch(loader)  # wrapped once, before the epoch loop
+        seen, loss = [], torch.tensor(0.0)
+        for _ in range(3):
+            for x, y in loader:
+                seen.append(x[:, 0].tolist())
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+        return seen, float(loss.detach())
+
+    plain, watched = run(False), run(True)
+    assert len(plain[0]) == 15 and watched == plain
+    assert p._index == 15
+
+
+# ------------------------------------------------------------------ Lightning
+def lightning_run(
+    watch: bool, max_epochs: int = 2, callbacks: tuple[Any, ...] = ()
+) -> tuple[list[list[float]], float]:
+    L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+
+    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.seen: list[list[float]] = []
+            self.last = float("nan")
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            x, y = batch
+            self.seen.append(x[:, 0].tolist())
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.last = float(loss.detach())
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    L.seed_everything(0, verbose=False)
+    loader = DataLoader(dataset(), batch_size=2, shuffle=True)
+    model = Model()
+    trainer = L.Trainer(
+        max_epochs=max_epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+    trainer.fit(model, train_dataloaders=probe.watch(loader) if watch else loader)
+    return model.seen, model.last
+
+
+def test_lightning_fit_over_two_epochs(p: probe.Probe) -> None:
+    # Why: with the generator watch, Lightning ran 11 of 20 steps (second epoch empty).
+    plain = lightning_run(False)
+    watched = lightning_run(True)
+    assert len(plain[0]) == 20
+    assert watched == plain
+    # Each step timed once, in both epochs -- except the last of each epoch: Lightning
+    # ends an epoch by count without asking for another batch, so that step has no end
+    # the probe could see (timing it to the next epoch would add validation to it).
+    assert p._index == 2 * (10 - 1)
+    assert p._framework == "lightning"  # type: ignore[attr-defined]
+
+
+def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.lightning import GputopCallback
+
+    plain = lightning_run(False)
+    timed = lightning_run(False, callbacks=(GputopCallback(),))
+    assert timed == plain and p._index == 20
+    assert p._framework == "lightning" and p._loop[0] == "outside"  # type: ignore[attr-defined]
+
+
+def test_lightning_ddp_each_rank_keeps_its_own_shard(tmp_path: Path) -> None:
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "GPUTOP_NAME": "ddp-test"}
+    env.pop("LOCAL_RANK", None)
+    done = subprocess.run(
+        [sys.executable, str(FRAMEWORKS / "lightning_ddp.py"), str(tmp_path)],
+        env=env,
+        check=True,
+        timeout=240,
+        capture_output=True,
+        text=True,
+    )
+    runs = {
+        (mode, rank): json.loads((tmp_path / f"{mode}-rank{rank}.json").read_text())
+        for mode in ("plain", "watch")
+        for rank in (0, 1)
+    }
+    for rank in (0, 1):
+        assert runs["watch", rank]["seen"] == runs["plain", rank]["seen"]
+        assert runs["watch", rank]["loss"] == runs["plain", rank]["loss"]
+        assert len(runs["watch", rank]["seen"]) == 8  # 24 samples / 2 ranks / 3 per batch, x2
+    # Each rank read its own half of every epoch (DistributedSampler still injected).
+    for epoch in (slice(0, 4), slice(4, 8)):
+        halves = [{v for b in runs["watch", r]["seen"][epoch] for v in b} for r in (0, 1)]
+        assert not halves[0] & halves[1] and len(halves[0] | halves[1]) == 24
+    # Lightning iterates the loader it re-created, not the watch: said once per rank, with
+    # the way to get timings; nothing is timed rather than something made up.
+    assert done.stderr.count("integrations.lightning.GputopCallback") == 2, done.stderr[-3000:]
+    assert runs["watch", 0]["steps"] == runs["watch", 1]["steps"] == 0
+
+
+# ------------------------------------------------------------------ Hugging Face
+class Regressor(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.seen: list[list[float]] = []
+
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        self.seen.append(x[:, 0].tolist())
+        out = self.layer(x)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+
+class DictData(Dataset[Any]):
+    def __init__(self) -> None:
+        self.data = dataset()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x, y = self.data[i]
+        return {"x": x, "labels": y}
+
+
+def hf_run(
+    watch: bool, tmp_path: Path, callbacks: tuple[Any, ...] = (), **args: Any
+) -> tuple[list[list[float]], float, Any]:
+    transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
+
+    class WatchedTrainer(transformers.Trainer):  # type: ignore[misc,name-defined]
+        def get_train_dataloader(self) -> Any:
+            return probe.watch(super().get_train_dataloader())
+
+    transformers.set_seed(0)
+    model = Regressor()
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / ("w" if watch else "p")),
+        per_device_train_batch_size=4,
+        learning_rate=0.1,
+        use_cpu=True,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        **args,
+    )
+    trainer_cls = WatchedTrainer if watch else transformers.Trainer
+    trainer = trainer_cls(
+        model=model, args=targs, train_dataset=DictData(), callbacks=list(callbacks)
+    )
+    out = trainer.train()
+    return model.seen, out.training_loss, trainer
+
+
+def test_hf_trainer_num_train_epochs(p: probe.Probe, tmp_path: Path) -> None:
+    # Why: without __len__ the Trainer raised ValueError.
+    plain = hf_run(False, tmp_path, num_train_epochs=2)
+    watched = hf_run(True, tmp_path, num_train_epochs=2)
+    assert len(plain[0]) == 10 and watched[:2] == plain[:2]
+    assert p._framework == "transformers"  # type: ignore[attr-defined]
+    info = p._loader_info
+    assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
+    assert (info.kind, info.batch_size, info.num_workers) == ("torch.DataLoader", 4, 0)
+
+
+def test_hf_trainer_max_steps_across_epochs(p: probe.Probe, tmp_path: Path) -> None:
+    # Why: with the generator watch, max_steps=8 stopped at the end of the first epoch (5).
+    plain = hf_run(False, tmp_path, max_steps=8)
+    watched = hf_run(True, tmp_path, max_steps=8)
+    assert len(plain[0]) == 8 and watched[:2] == plain[:2]
+
+
+def test_hf_callback_times_every_step(p: probe.Probe, tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.transformers import GputopCallback
+
+    plain = hf_run(False, tmp_path, num_train_epochs=2)
+    timed = hf_run(False, tmp_path, callbacks=(GputopCallback(),), num_train_epochs=2)
+    assert timed[:2] == plain[:2] and p._index == 10
+    assert p._framework == "transformers"  # type: ignore[attr-defined]
+    info = p._loader_info
+    assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
+
+
+# ------------------------------------------------------------------ accelerate
+def test_accelerate_prepared_loader(p: probe.Probe) -> None:
+    accelerate = pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
+    pytest.importorskip("transformers.trainer", reason="pip install gputop-dl[frameworks]")
+
+    def run(watch: bool) -> tuple[list[list[float]], float]:
+        accelerate.utils.set_seed(0)
+        acc = accelerate.Accelerator(cpu=True)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(dataset(), batch_size=4, shuffle=True)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        batches: Any = probe.watch(loader) if watch else loader
+        seen, loss = [], torch.tensor(0.0)
+        for _ in range(2):
+            for x, y in batches:
+                seen.append(x[:, 0].tolist())
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                opt.step()
+        return seen, float(loss.detach())
+
+    plain, watched = run(False), run(True)
+    assert len(plain[0]) == 10 and watched == plain
+    # The user's own loop drives accelerate: importing the HF Trainer does not change that.
+    assert p._framework == "accelerate"  # type: ignore[attr-defined]
+    info = p._loader_info
+    assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
+    assert info.batch_size == 4  # read from accelerate's batch sampler
+
+
+def test_watched_before_prepare_says_so_once(
+    p: probe.Probe, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader sharded by type (accelerator.prepare) is not recognised once watched: the
+    probe cannot fix that without changing the training, so it says so, once."""
+    import importlib
+
+    import torch.distributed as dist
+
+    # The module, not the function ``probe.watch`` that shares its name.
+    watch_mod = importlib.import_module("gputop_dl.probe.watch")
+
+    monkeypatch.setattr(watch_mod, "_warned", set())
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: 2)  # rank 0 of 2, no peer needed
+    monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
+    watched = probe.watch(DataLoader(dataset(), batch_size=4))
+    with caplog.at_level(logging.WARNING, logger="gputop.probe"):
+        for _ in range(2):
+            list(watched)
+        list(probe.watch(DataLoader(dataset(), batch_size=4)))
+    warnings = [r.getMessage() for r in caplog.records if "DistributedSampler" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "integrations.lightning.GputopCallback" in warnings[0]
+    assert "does not change your training" in warnings[0]
+
+
+# ------------------------------------------------------------------ wrappers described
+def test_wrappers_are_seen_through() -> None:
+    accelerate = pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
+    from accelerate.data_loader import DataLoaderDispatcher, SkipDataLoader
+
+    shard = accelerate.Accelerator(cpu=True).prepare(
+        DataLoader(dataset(), batch_size=5, num_workers=1, pin_memory=False)
+    )
+    info = loader_mod.describe(shard)
+    assert (info.wrapper, info.kind, info.batch_size, info.num_workers) == (
+        "accelerate.DataLoaderShard",
+        "torch.DataLoader",
+        5,
+        1,
+    )
+    assert info.prefetch_factor == 2 and info.pin_memory is False
+    skip = SkipDataLoader(dataset(), skip_batches=1, batch_size=3)
+    assert loader_mod.describe(skip).wrapper == "accelerate.SkipDataLoader"
+    assert loader_mod.describe(skip).batch_size == 3
+    dispatcher = DataLoaderDispatcher(dataset(), batch_size=2)
+    assert loader_mod.describe(dispatcher).wrapper == "accelerate.DataLoaderDispatcher"
+    # The worker pids of a generator-based wrapper appear once it has started.
+    it = iter(shard)
+    next(it)
+    assert len(loader_mod.worker_pids(it)) == 1
+
+
+def test_lightning_combined_loader_is_seen_through() -> None:
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from lightning.pytorch.utilities import CombinedLoader
+
+    combined = CombinedLoader(DataLoader(dataset(), batch_size=7, persistent_workers=False))
+    info = loader_mod.describe(combined)
+    assert (info.wrapper, info.batch_size, info.num_workers, info.prefetch_factor) == (
+        "lightning.CombinedLoader",
+        7,
+        0,
+        None,  # no workers: prefetching means nothing, so it is not reported
+    )
+    assert loader_mod.framework(combined) == "lightning"
+    # Several loaders combined: which one is "the" loader cannot be known.
+    two = CombinedLoader({"a": DataLoader(dataset()), "b": DataLoader(dataset())})
+    assert loader_mod.describe(two).num_workers is None
+
+
+def test_torchdata_stateful_loader(p: probe.Probe) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata absent")
+    loader = stateful.StatefulDataLoader(dataset(), batch_size=4, num_workers=1)
+    watched: Any = probe.watch(loader)
+    first = [b[0][:, 0].tolist() for b in watched]
+    assert len(first) == 5
+    info = p._loader_info
+    assert info is not None and info.kind == "torchdata.StatefulDataLoader"
+    assert info.num_workers == 1 and len(info.worker_pids) == 1
+    # Stateful resume passes through the watch: stop after two batches, resume from there.
+    it = iter(watched)
+    next(it), next(it)
+    state = watched.state_dict()
+    it.close()
+    resumed = stateful.StatefulDataLoader(dataset(), batch_size=4, num_workers=1)
+    resumed.load_state_dict(state)
+    assert [b[0][:, 0].tolist() for b in probe.watch(resumed)] == first[2:]
+
+
+def test_iterable_dataset_with_workers(p: probe.Probe) -> None:
+    class Stream(IterableDataset[Any]):
+        def __iter__(self) -> Iterator[Any]:
+            info = torch.utils.data.get_worker_info()
+            start = info.id if info else 0
+            step = info.num_workers if info else 1
+            return iter(torch.arange(start, 12, step, dtype=torch.float32).unsqueeze(1))
+
+    loader = DataLoader(Stream(), batch_size=3, num_workers=2)
+    assert sorted(v for b in probe.watch(loader) for v in b[:, 0].tolist()) == list(range(12))
+    info = p._loader_info
+    assert info is not None and info.num_workers == 2 and len(info.worker_pids) == 2
+
+
+# ------------------------------------------------------------------ torch.compile
+def test_torch_compile_same_losses_and_compiler_children_are_not_workers(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("torch.compile (inductor) on CPU needs a C++ compiler; none on PATH")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # compile for real: g++ runs
+        "TORCHINDUCTOR_COMPILE_THREADS": "2",  # a pool of compile worker processes
+    }
+    out = subprocess.run(
+        [sys.executable, str(FRAMEWORKS / "compiled.py")],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["watched"] == result["plain"] and len(result["plain"]) == 6
+    published = set(result["published_workers"])
+    assert len(published) == 1
+    roles = {int(pid): (name, set(r)) for pid, (name, r) in result["seen"].items()}
+    assert all("worker" in roles[pid][1] for pid in published if pid in roles)
+    others = {
+        pid: name for pid, (name, r) in roles.items() if pid not in published and "main" not in r
+    }
+    assert others, roles  # compile workers / g++ ran as children of the training process
+    for pid in others:
+        assert roles[pid][1] == {"other"}, (pid, roles[pid])

@@ -1,0 +1,303 @@
+"""``probe.watch(loader)`` is the loader as far as the training can tell.
+
+Real Probes (publishing on a real socket), real DataLoaders with real worker processes.
+The probe is a thin recording subclass so the calls the loop makes can be checked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputop_dl import probe
+from gputop_dl.probe import loader as loader_mod
+from gputop_dl.probe.messages import LoaderInfo
+from gputop_dl.probe.watch import Watched
+
+torch = pytest.importorskip("torch", reason="watch is tested on real torch DataLoaders")
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
+
+
+class Recording(probe.Probe):
+    """A real probe that also remembers the loop events it was told about."""
+
+    def __init__(self) -> None:
+        super().__init__(name="watch-test", system_interval_s=0)
+        self.events: list[tuple[str, Any]] = []
+
+    def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
+        self.events.append(("entered", info))
+        super()._loop_entered(info, framework)
+
+    def _loop_left(self, how: str) -> None:
+        self.events.append(("left", how))
+        super()._loop_left(how)
+
+
+@pytest.fixture
+def p() -> Iterator[Recording]:
+    rec = Recording()
+    assert rec.enabled, rec.error
+    yield rec
+    rec.close()
+
+
+def tensor_loader(n: int = 20, batch: int = 4, **kw: Any) -> DataLoader[Any]:
+    xs = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    return DataLoader(TensorDataset(xs, xs * 2), batch_size=batch, **kw)
+
+
+def values(batches: Any) -> list[list[float]]:
+    return [b[0].squeeze(1).tolist() for b in batches]
+
+
+def test_wrapping_once_gives_every_epoch_all_its_batches(p: Recording) -> None:
+    # Why: the old generator watch ran out after the first epoch (Lightning trained 11 of 20).
+    base = tensor_loader()
+    watched = p.watch(base)
+    epochs = [values(watched) for _ in range(3)]
+    assert epochs == [values(base)] * 3
+    assert p._index == 3 * 5  # every step of every epoch timed, once
+    assert [e[0] for e in p.events] == ["entered", "left"] * 3
+    assert [e[1] for e in p.events if e[0] == "left"] == ["exhausted"] * 3
+
+
+def test_len_and_attributes_are_the_loaders(p: Recording) -> None:
+    # Why: HF Trainer raised ValueError with num_train_epochs (no __len__).
+    base = tensor_loader(n=18, batch=4)
+    watched: Any = p.watch(base)
+    assert len(watched) == len(base) == 5
+    assert watched.batch_size == 4
+    assert watched.dataset is base.dataset and watched.sampler is base.sampler
+    assert watched.num_workers == 0 and watched.wrapped is base
+    with pytest.raises(AttributeError):
+        _ = watched.no_such_attribute
+    # No len on the loader: the same TypeError the loader gives.
+    gen_watched = p.watch(x for x in range(3))
+    with pytest.raises(TypeError):
+        len(gen_watched)  # type: ignore[arg-type]
+
+
+class StatefulLoader:
+    """A loader with the epoch/state hooks frameworks call (set_epoch, state_dict)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.position = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.position, 4):
+            self.position = i + 1
+            yield self.epoch * 10 + i
+
+
+def test_stateful_hooks_reach_the_loader(p: Recording) -> None:
+    base = StatefulLoader()
+    watched: Any = p.watch(base)
+    watched.set_epoch(2)
+    assert list(watched) == [20, 21, 22, 23]
+    assert watched.state_dict() == {"position": 4}
+    watched.load_state_dict({"position": 2})
+    assert list(watched) == [22, 23]
+
+
+class RaisingProperties:
+    """A loader whose attributes raise something other than AttributeError when read."""
+
+    @property
+    def dataset(self) -> Any:
+        raise KeyError("dataset not ready")
+
+    @property
+    def _iterator(self) -> Any:
+        raise RuntimeError("no iterator")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(4))
+
+
+def test_a_raising_loader_property_never_escapes_the_probe(p: Recording) -> None:
+    watched: Any = p.watch(RaisingProperties())
+    assert list(watched) == [0, 1, 2, 3]  # describing it did not break the loop
+    info = p.events[0][1]
+    assert info is not None and info.kind == "RaisingProperties" and info.dataset_path is None
+    with pytest.raises(KeyError):  # the user asking gets the loader's own answer
+        _ = watched.dataset
+
+
+def test_a_one_shot_iterator_works_once(p: Recording) -> None:
+    watched = p.watch(iter(range(5)))
+    assert list(watched) == [0, 1, 2, 3, 4]
+    assert list(watched) == []
+
+
+def test_wrapping_twice_times_each_step_once(p: Recording) -> None:
+    base = tensor_loader()
+    twice: Any = p.watch(p.watch(base))
+    assert twice.wrapped is base
+    assert len(list(twice)) == 5
+    assert p._index == 5
+    assert [e[0] for e in p.events] == ["entered", "left"]
+
+
+class Exploding(Dataset[Any]):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 5:
+            raise ValueError(f"bad sample {i}")
+        return torch.tensor([float(i)])
+
+
+def test_loader_errors_keep_their_type_and_traceback(p: Recording) -> None:
+    watched = p.watch(DataLoader(Exploding(), batch_size=2))
+    seen = 0
+    with pytest.raises(ValueError, match="bad sample 5") as info:
+        for _ in watched:
+            seen += 1
+    assert seen == 2
+    exc = info.value
+    assert exc.__cause__ is None and exc.__context__ is None  # not wrapped or chained
+    frames = traceback.extract_tb(exc.__traceback__)
+    assert frames[-1].name == "__getitem__"  # raised where the user's dataset raised it
+    assert p.events[-1] == ("left", "exception:ValueError")
+
+
+def test_break_and_exhaustion_are_told_apart(p: Recording) -> None:
+    watched = p.watch(tensor_loader())
+    for i, _ in enumerate(watched):
+        if i == 1:
+            break
+    assert p.events[-1] == ("left", "break")
+    assert p._open is None  # the step left open by break is dropped
+    list(watched)
+    assert p.events[-1] == ("left", "exhausted")
+    assert p._index == 1 + 5
+
+
+def test_nested_watched_loops_do_not_break_training(p: Recording) -> None:
+    train, val = p.watch(tensor_loader()), p.watch(tensor_loader(n=8))
+    got = []
+    for batch in train:
+        got.append(batch[0].shape[0])
+        for _ in val:  # validation inside the training loop, also watched
+            pass
+    assert got == [4] * 5
+
+
+def test_each_epoch_tells_its_own_worker_pids(p: Recording) -> None:
+    watched = p.watch(tensor_loader(num_workers=2))
+    for _ in range(2):
+        for _ in watched:
+            pass
+    infos = [e[1] for e in p.events if e[0] == "entered"]
+    assert all(i.num_workers == 2 and len(i.worker_pids) == 2 for i in infos)
+    assert set(infos[0].worker_pids) != set(infos[1].worker_pids)  # respawned each epoch
+    assert p.worker_pids() == frozenset(infos[1].worker_pids)
+
+
+def test_iterable_dataset_loader_is_described(p: Recording) -> None:
+    class Stream(IterableDataset[Any]):
+        root = "/nonexistent/gputop-data"
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(torch.zeros(6, 1))
+
+    watched = p.watch(DataLoader(Stream(), batch_size=3, num_workers=1, persistent_workers=True))
+    assert len(list(watched)) == 2
+    info = p.events[0][1]
+    assert (info.kind, info.batch_size, info.num_workers, info.persistent_workers) == (
+        "torch.DataLoader",
+        3,
+        1,
+        True,
+    )
+    assert info.prefetch_factor == 2 and len(info.worker_pids) == 1
+    # The candidate path is handed on unchecked; the sampler thread checks it.
+    assert info.dataset_path == "/nonexistent/gputop-data"
+
+
+def test_describe_reads_no_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_fs(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("filesystem touched on the training thread")
+
+    ds = TensorDataset(torch.zeros(4, 1))
+    ds.root = str(tmp_path)  # type: ignore[attr-defined]
+    monkeypatch.setattr(os.path, "exists", no_fs)
+    monkeypatch.setattr(os, "stat", no_fs)
+    info = loader_mod.describe(DataLoader(ds, batch_size=2))
+    assert info.dataset_path == str(tmp_path) and info.prefetch_factor is None
+
+
+def test_disabled_probe_returns_the_loader_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUTOP_DISABLE", "1")
+    base = tensor_loader()
+    off = probe.Probe(name="off")
+    assert off.watch(base) is base
+
+
+def test_pickles_as_the_loader_and_reattaches(p: Recording) -> None:
+    base = tensor_loader()
+    watched = p.watch(base, samples=4)
+    clone: Any = pickle.loads(pickle.dumps(watched))
+    try:
+        assert isinstance(clone, Watched) and clone._probe is probe.default()
+        assert clone._samples == 4 and values(clone) == values(base)
+    finally:
+        probe.default().close()
+        probe._default = None
+
+
+def _child_iterates(watched: Any, queue: Any) -> None:
+    queue.put((type(watched).__name__, values(watched), values(watched)))
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_a_spawned_process_gets_a_working_loader(
+    p: Recording, monkeypatch: pytest.MonkeyPatch, disabled: bool
+) -> None:
+    if disabled:
+        monkeypatch.setenv("GPUTOP_DISABLE", "1")  # inherited by the spawned child
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    base = tensor_loader()
+    child = ctx.Process(target=_child_iterates, args=(p.watch(base), queue))
+    child.start()
+    kind, first, second = queue.get(timeout=120)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert kind == ("DataLoader" if disabled else "Watched")
+    assert first == second == values(base)
+
+
+def test_sampler_checks_the_data_path_on_its_own_thread(tmp_path: Path) -> None:
+    from gputop_dl.probe.collectors.sampler import NodeSampler
+
+    sampler = NodeSampler(main_pid=None, host=True, accelerators=False)
+    try:
+        sampler.set_data_path("/nonexistent/gputop-data")  # a store, nothing resolved yet
+        first = sampler.sample()
+        assert not any(s.source == "data_path" for s in first.statuses)  # ignored: not here
+        sampler.set_data_path(str(tmp_path))
+        second = sampler.sample()
+        status = next(s for s in second.statuses if s.source == "data_path")
+        assert str(tmp_path) in status.message
+    finally:
+        sampler.close()
