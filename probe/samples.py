@@ -161,6 +161,17 @@ class HpuSample:
 
 
 @dataclass(frozen=True)
+class TopProcess:
+    """One of the node's top CPU consumers over the last interval (any user's process)."""
+
+    pid: int
+    ppid: int | None
+    name: str
+    cpu_pct: float | None  # percent of one core over the interval; 100 = one core saturated
+    rss_bytes: int | None
+
+
+@dataclass(frozen=True)
 class SystemSample:
     """Everything one node sampler saw at one instant (``time`` is Unix seconds).
 
@@ -184,3 +195,4 @@ class SystemSample:
     statuses: tuple[SourceStatus, ...] = field(default_factory=tuple)
     data_device: str | None = None  # block device holding the dataset path, if known
     data_fs_type: str | None = None  # filesystem type of the dataset path ("nfs4", "ext4")
+    top: tuple[TopProcess, ...] | None = None  # the busiest processes; None: not sampled

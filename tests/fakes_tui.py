@@ -23,6 +23,7 @@ from gputop_dl.probe.samples import (
     ProcessSample,
     SourceStatus,
     SystemSample,
+    TopProcess,
     TrainingProcesses,
 )
 from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
@@ -243,6 +244,30 @@ def processes(workers: int = 4, *, worker_cpu: float = 98.0) -> TrainingProcesse
     return TrainingProcesses(tuple(procs), saturated, workers)
 
 
+def top_processes(workers: int = 4) -> tuple[TopProcess, ...]:
+    """The node's busiest processes: another user's ffmpeg first, then the training's
+    main process and its workers, a second rank, and the node's daemons."""
+    procs = [
+        TopProcess(9100, 1, "ffmpeg", 310.0, int(1.2 * GIB)),
+        TopProcess(PID, 1000, "python", 87.0, int(9.5 * GIB)),
+        *(
+            TopProcess(
+                WORKER_PIDS[i % len(WORKER_PIDS)] + (i // len(WORKER_PIDS)) * 100,
+                PID,
+                "pt_data_worker",
+                98.0 - i,
+                int(2.1 * GIB),
+            )
+            for i in range(workers)
+        ),
+        TopProcess(4243, 1000, "python", 64.0, int(9.1 * GIB)),
+        TopProcess(2210, 1, "dockerd", 3.0, int(0.3 * GIB)),
+        TopProcess(1, 0, "systemd", 0.0, int(0.01 * GIB)),
+        TopProcess(7000, 1, "jupyter-lab", None, int(14.0 * GIB)),
+    ]
+    return tuple(sorted(procs, key=lambda p: -(p.cpu_pct if p.cpu_pct is not None else -1.0)))
+
+
 def system_sample(
     at: float,
     *,
@@ -304,6 +329,7 @@ def system_sample(
         else (SourceStatus("nvml", False, "NVML library not found"), SourceStatus("hl-smi", True)),
         data_device="nvme0n1",
         data_fs_type="ext4",
+        top=top_processes(workers) if with_processes else None,
     )
 
 
