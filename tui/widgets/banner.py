@@ -6,6 +6,7 @@ that ``app.tcss`` colours. Without a probe it says how to instrument a script.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,9 @@ if TYPE_CHECKING:
 SEVERITIES = ("ok", "info", "warning", "critical", "muted")
 SEVERITY_GLYPHS = {"ok": "✓", "info": "●", "warning": "▲", "critical": "✖", "muted": "■"}
 WIDE_BANNER = 118  # from this many columns the banner adds the evidence and the notes
-TALL_ROWS = 40  # a narrow terminal this tall has room for the first piece of evidence
+# (screen rows below which, lines of a narrow banner): 80x24 keeps 5 lines, so that
+# all the panels' titles stay in view under it
+NARROW_BUDGET = ((30, 5), (44, 7), (sys.maxsize, 9))
 MAX_WRAP = 4  # lines one bullet may take before it is cut (a sentence, not a page)
 
 
@@ -68,11 +71,14 @@ class Banner(Panel):
         return run.verdict.severity if run.verdict.severity in SEVERITIES else "info"
 
     @property
-    def tall(self) -> bool:
-        return self.is_attached and self.screen.size.height >= TALL_ROWS
+    def budget(self) -> int:
+        """Lines a narrow banner may take for more than the headline, the first advice
+        and the headroom (which it always shows): fewer on a shorter screen."""
+        height = self.screen.size.height if self.is_attached else 0
+        return next(lines for rows, lines in NARROW_BUDGET if height < rows)
 
-    def layout_key(self) -> bool:
-        return self.tall
+    def layout_key(self) -> int:
+        return self.budget
 
     # ---------------------------------------------------------------- rendering
 
@@ -158,6 +164,7 @@ class Banner(Panel):
         evidence = list(verdict.evidence)
         advice = list(verdict.advice)
         notes: tuple[str, ...] = tuple(getattr(verdict, "notes", ()) or ())
+        headroom = [verdict.headroom] if verdict.headroom else []
         if wide:
             lines += self._items("•", evidence[:3], "banner--evidence", width)
             lines += self._items("→", advice[:2], "banner--advice", width)
@@ -166,13 +173,17 @@ class Banner(Panel):
             )
             lines += self._items("·", notes[:1], "banner--note", width)
             return lines
-        # Narrow: what to do before why; every line wrapped, none cut.
+        # Narrow: what to do before why, every line wrapped, none cut; then the
+        # second piece of advice and the first of evidence while the screen has room.
         lines += self._items("→", advice[:1], "banner--advice", width)
-        lines += self._items(
-            "⇡", [verdict.headroom] if verdict.headroom else [], "banner--headroom", width
-        )
-        if self.tall:
-            lines += self._items("•", evidence[:1], "banner--evidence", width)
+        lines += self._items("⇡", headroom, "banner--headroom", width)
+        budget = self.budget
+        for extra in (
+            self._items("→", advice[1:2], "banner--advice", width),
+            self._items("•", evidence[:1], "banner--evidence", width),
+        ):
+            if len(lines) + len(extra) <= budget:
+                lines += extra
         return lines
 
     def _items(self, glyph: str, texts: Sequence[str], component: str, width: int) -> list[Text]:

@@ -16,7 +16,7 @@ from gputop_dl.tui.format import fmt_bytes, fmt_pct
 from gputop_dl.tui.widgets.base import Panel
 
 SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full table)
-ROLE_WIDTH = 9
+ROLE_WIDTH = 11  # "◆ training "
 
 
 def role_of(
