@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from fakes_tui import (
     HOST,
+    LONG_INPUT_BOUND,
     SOURCE_ID,
+    STALLED,
     T0,
     FakeSource,
     agent_only,
@@ -351,39 +353,6 @@ async def test_gaudi_hpus_without_nvidia() -> None:
 # ---------------------------------------------------------------- layout
 
 
-# The verdicts of the demo, in the analyzer's own words (the longest lines it writes).
-LONG_INPUT_BOUND = Verdict(
-    kind="input-bound",
-    severity="warning",
-    confidence=0.75,
-    headline=(
-        "Input-bound (data wait 82 % of step): the main process loads the data itself "
-        "(num_workers=0)"
-    ),
-    cause="few-workers",
-    evidence=(
-        "data wait 82 % of step time (418 ms of 507 ms per step, last 7 steps, 3.3 s)",
-        "throughput 68.5 samples/s (2.1 steps/s)",
-    ),
-    advice=(
-        "raise DataLoader num_workers from 0 to 1 (no core idle now: the worker overlaps "
-        "loading with the step; more need more cores)",
-        "persistent_workers=True: workers are not restarted every epoch",
-    ),
-    headroom="without the data wait: ≈ 345 samples/s, +510 %",
-)
-STALLED = Verdict(
-    kind="stalled",
-    severity="critical",
-    confidence=0.9,
-    headline="Stalled: no step for 41 s; typical step 320 ms",
-    cause="stalled",
-    evidence=("last step 236 ended 41 s ago; stall threshold 10 s (30 typical steps)",),
-    advice=(
-        "evaluation or checkpointing clears by itself when steps resume",
-        "otherwise see where it hangs: py-spy dump --pid 4242",
-    ),
-)
 SIZES = [(80, 24), (120, 36), (200, 50)]
 SMALL_NODE = {"core_count": 2, "gpu_count": 0}  # the demo's: two cores, no accelerator
 
@@ -396,6 +365,12 @@ def screen_text(app: GputopApp) -> list[str]:
 def flat(text: str) -> str:
     """Words only: wrapped lines, their indents and the banner's left bar fold away."""
     return " ".join(text.replace("▌", " ").split())
+
+
+async def settle(pilot: Pilot[None]) -> None:
+    """Let a scroll, the fitting of the panels and the hint they bring go through."""
+    for _ in range(4):
+        await pilot.pause()
 
 
 def panel_titles(app: GputopApp) -> list[str]:
@@ -452,18 +427,20 @@ async def test_panels_below_the_fold_are_named_and_reached_with_page_down() -> N
         await pilot.pause()
         assert app.top_table.display
         app.panels.scroll_home(animate=False)
-        await pilot.pause()
-        await pilot.pause()
+        await settle(pilot)
         rows = screen_text(app)
         assert app.more.display
-        assert rows[-2].strip() == "↓ Top processes below: PgDn or ↓ to scroll"
-        assert not any("Top processes" in row for row in rows[:-2])
+        hint = rows[-2].strip()
+        assert hint.startswith("↓ ") and hint.endswith(" below: PgDn or ↓ to scroll")
+        for title in panel_titles(app):  # a panel whose title is out of sight is named
+            if not any(title in row for row in rows):
+                assert title.split(" ·")[0] in hint
+        assert not any("+5 more" in row for row in rows)
         await pilot.press("pagedown")
-        await pilot.pause()
-        await pilot.pause()
+        await settle(pilot)
         rows = screen_text(app)
-        assert any(row.startswith("─Top processes") for row in rows)
-        assert not app.more.display
+        assert any("+5 more (a taller terminal shows all)" in row for row in rows)
+        assert rows[-2].strip() == "↑ more above: PgUp or ↑ to scroll"
 
 
 async def test_the_process_table_marks_the_training_and_names_the_others() -> None:
@@ -475,7 +452,7 @@ async def test_the_process_table_marks_the_training_and_names_the_others() -> No
     async with app.run_test(size=WIDE) as pilot:
         await feed(pilot, source, events)
         assert app.top_table.display  # shown without asking where there is room
-        rows = text(app.top_table).splitlines()
+        rows = [" ".join(row.split()) for row in text(app.top_table).splitlines()]
         assert rows[0].split() == ["pid", "cpu", "memory", "name"]
         assert rows[1].split() == ["9100", "310%", "1.20", "GiB", "ffmpeg"]  # not ours
         assert "◆ worker pt_data_worker" in rows[2] and rows[2].split()[0] == "4301"

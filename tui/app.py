@@ -151,8 +151,14 @@ class GputopApp(App[None]):
 
     def on_mount(self) -> None:
         self.more.display = False
-        self.watch(self.panels, "scroll_y", self._update_more, init=False)
-        self.watch(self.panels, "max_scroll_y", self._update_more, init=False)
+        # after the layout that the scroll or the growth comes with
+        for attribute in ("scroll_y", "max_scroll_y"):
+            self.watch(
+                self.panels,
+                attribute,
+                lambda: self.call_after_refresh(self._update_more),
+                init=False,
+            )
         self.refresh_view()
         if self.refresh_hz > 0:
             self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
@@ -257,7 +263,8 @@ class GputopApp(App[None]):
 
     def _show_top(self, system: SystemSample | None) -> None:
         roomy = self.screen.has_class("-tall") or self.screen.has_class("-wide")
-        shown = roomy != self.top_toggled  # by default only where there is room
+        reported = system is not None and system.top is not None
+        shown = (roomy and reported) != self.top_toggled  # by default: where there is room
         self.top_table.set_display(shown)
         if shown:
             run = self.state.selected
@@ -271,38 +278,48 @@ class GputopApp(App[None]):
     def _fit_panels(self) -> None:
         """On a short screen the panels get what the verdict and the graph's smallest
         form leave, and scroll beyond that (a container of automatic height would
-        instead push the bottom panels off the screen, out of the scroll's reach)."""
+        instead push the bottom panels off the screen, out of the scroll's reach). A
+        row under them says what is below the fold whenever they scroll."""
         room: int | None = None
         if self.screen.has_class("-short"):
-            above = (self.header, self.status, self.banner, self.more)
+            above = (self.header, self.status, self.banner)
             used = sum(w.outer_size.height for w in above if w.display) + FOOTER_ROWS
             graph = MIN_GRAPH_WIDE if self.screen.has_class("-wide") else MIN_GRAPH_NARROW
             room = max(MIN_PANEL_ROWS, self.size.height - used - graph)
+            scrolls = self.panels.virtual_size.height > room
+            if scrolls:
+                room -= 1  # the hint's row
+        else:
+            scrolls = self.panels.max_scroll_y > 0  # the panels take the rest (1fr)
         if room != self._panels_room:
             self._panels_room = room
             self.panels.styles.max_height = room
+        if scrolls != self.more.display:
+            self.more.display = scrolls
         self._update_more()
 
     def _update_more(self) -> None:
-        """Name the panels whose titles are below the fold, or hide the hint."""
+        """Name the panels whose titles are below the fold."""
+        if not self.more.display:
+            return
         panels = self.panels
         bottom = panels.scroll_y + panels.scrollable_content_region.height
         below = [
-            panel.border_title or ""
+            str(panel.border_title or "").split(" ·")[0]
             for panel in panels.query(Panel)
             if panel.display and panel.virtual_region.y >= bottom
         ]
-        hidden = panels.max_scroll_y > panels.scroll_y
-        if hidden:
-            what = ", ".join(str(title).split(" ·")[0] for title in below) or "more"
-            self.more.update(f"↓ {what} below: PgDn or ↓ to scroll")
-        self.more.display = hidden
+        if panels.scroll_y < panels.max_scroll_y:
+            self.more.update(f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll")
+        else:
+            self.more.update("↑ more above: PgUp or ↑ to scroll")
 
     # ---------------------------------------------------------------- actions
 
     def action_toggle_processes(self) -> None:
         self.top_toggled = not self.top_toggled
         self._show_top(self.state.host_system())
+        self.call_after_refresh(self._fit_panels)
         if self.top_table.display:
             self.call_after_refresh(self.panels.scroll_to_widget, self.top_table, top=True)
 
