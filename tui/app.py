@@ -131,6 +131,7 @@ class GputopApp(App[None]):
         self.more = Static(id="more")  # says what is below the fold, and how to get there
         self.top_toggled = False  # `t` flips the default (shown on a tall or wide screen)
         self._panels_room: int | None = None  # rows the panels may take (short screens)
+        self._more_text = ""
 
     # ---------------------------------------------------------------- layout
 
@@ -153,12 +154,7 @@ class GputopApp(App[None]):
         self.more.display = False
         # after the layout that the scroll or the growth comes with
         for attribute in ("scroll_y", "max_scroll_y"):
-            self.watch(
-                self.panels,
-                attribute,
-                lambda: self.call_after_refresh(self._update_more),
-                init=False,
-            )
+            self.watch(self.panels, attribute, self._update_more_later, init=False)
         self.refresh_view()
         if self.refresh_hz > 0:
             self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
@@ -298,6 +294,9 @@ class GputopApp(App[None]):
             self.more.display = scrolls
         self._update_more()
 
+    def _update_more_later(self) -> None:
+        self.call_after_refresh(self._update_more)
+
     def _update_more(self) -> None:
         """Name the panels whose titles are below the fold."""
         if not self.more.display:
@@ -310,9 +309,12 @@ class GputopApp(App[None]):
             if panel.display and panel.virtual_region.y >= bottom
         ]
         if panels.scroll_y < panels.max_scroll_y:
-            self.more.update(f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll")
+            text = f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll"
         else:
-            self.more.update("↑ more above: PgUp or ↑ to scroll")
+            text = "↑ more above: PgUp or ↑ to scroll"
+        if text != self._more_text:  # an update repaints, even with the same text
+            self._more_text = text
+            self.more.update(text)
 
     # ---------------------------------------------------------------- actions
 

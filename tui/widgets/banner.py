@@ -175,16 +175,16 @@ class Banner(Panel):
             return lines
         # Narrow: what to do before why, every line wrapped, none cut; then the
         # second piece of advice and the first of evidence while the screen has room.
-        lines += self._items("→", advice[:1], "banner--advice", width)
-        lines += self._items("⇡", headroom, "banner--headroom", width)
-        budget = self.budget
-        for extra in (
-            self._items("→", advice[1:2], "banner--advice", width),
-            self._items("•", evidence[:1], "banner--evidence", width),
-        ):
-            if len(lines) + len(extra) <= budget:
-                lines += extra
-        return lines
+        first = self._items("→", advice[:1], "banner--advice", width)
+        second = self._items("→", advice[1:2], "banner--advice", width)
+        gain = self._items("⇡", headroom, "banner--headroom", width)
+        why = self._items("•", evidence[:1], "banner--evidence", width)
+        budget = self.budget - len(lines) - len(first) - len(gain)
+        if len(second) > budget:
+            second = []
+        if len(second) + len(why) > budget:
+            why = []
+        return lines + first + second + gain + why
 
     def _items(self, glyph: str, texts: Sequence[str], component: str, width: int) -> list[Text]:
         """Each text as a bullet, word-wrapped under its first word."""

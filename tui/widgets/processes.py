@@ -67,7 +67,10 @@ class ProcessTable(Panel):
     def build(self, width: int) -> list[Text]:
         if self.top is None:
             return [
-                Text("the node sampler does not report the busiest processes", self.style("panel--dim"))
+                Text(
+                    "the node sampler does not report the busiest processes",
+                    self.style("panel--dim"),
+                )
             ]
         dim, label = self.style("panel--dim"), self.style("panel--label")
         head = Text(f"{'pid':>7} {'cpu':>5} {'memory':>9}  {'':<{ROLE_WIDTH}}name", dim)
