@@ -484,6 +484,19 @@ async def test_compact_panels_keep_one_line_a_device() -> None:
         ]
 
 
+async def test_sixteen_accelerators_on_80x24_name_their_kind_and_what_is_below() -> None:
+    app, source, _ = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await feed(pilot, source, live_run(NOW, hpu_count=8))
+        await settle(pilot)
+        cells = text(app.accelerators).splitlines()
+        assert [row.split()[0] for row in cells] == ["G0", "G4", "H0", "H4"]
+        assert all(row.count("% m ") == 4 and row.endswith("%") for row in cells)
+        rows = screen_text(app)
+        assert not any(row.startswith("─Network") for row in rows)
+        assert rows[-2].strip() == "↓ Network below: PgDn or ↓ to scroll"
+
+
 async def test_wide_terminal_puts_panels_side_by_side() -> None:
     app, source, _ = make_app()
     async with app.run_test(size=WIDE) as pilot:

@@ -153,8 +153,8 @@ class GputopApp(App[None]):
     def on_mount(self) -> None:
         self.more.display = False
         # after the layout that the scroll or the growth comes with
-        for attribute in ("scroll_y", "max_scroll_y"):
-            self.watch(self.panels, attribute, self._update_more_later, init=False)
+        self.watch(self.panels, "scroll_y", self._update_more_later, init=False)
+        self.watch(self.panels, "virtual_size", self._fit_panels_later, init=False)
         self.refresh_view()
         if self.refresh_hz > 0:
             self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
@@ -297,6 +297,9 @@ class GputopApp(App[None]):
     def _update_more_later(self) -> None:
         self.call_after_refresh(self._update_more)
 
+    def _fit_panels_later(self) -> None:
+        self.call_after_refresh(self._fit_panels)
+
     def _update_more(self) -> None:
         """Name the panels whose titles are below the fold."""
         if not self.more.display:
@@ -308,7 +311,7 @@ class GputopApp(App[None]):
             for panel in panels.query(Panel)
             if panel.display and panel.virtual_region.y >= bottom
         ]
-        if panels.scroll_y < panels.max_scroll_y:
+        if below or panels.scroll_y < panels.max_scroll_y:
             text = f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll"
         else:
             text = "↑ more above: PgUp or ↑ to scroll"

@@ -25,8 +25,8 @@ THROTTLE_WORDS = {
     "hw_slowdown": "slowdown",
 }
 HOT_C = 85.0
-COMPACT_ONE_A_LINE = 2  # a short screen shows this many devices a line each, more as cells
-CELL_WIDTH = 17  # one device in the compact grid: "0 ▇▇▇▇  30% m 73%"
+COMPACT_ONE_A_LINE = 2  # a short screen shows this many devices a line each, more as
+# cells: "0 ▇▇▇▇  30% m 73%", four to a line at 80 columns
 CELL_BAR = 4
 CELL_GAP = 2
 
@@ -182,18 +182,23 @@ class AcceleratorsPanel(Panel):
             return [Text(" · ".join(missing), self.style("panel--dim"))]
         if len(self.devices) <= COMPACT_ONE_A_LINE:
             return [self._row(d, width, not self._same_names()) for d in self.devices]
-        per_row = max(1, (width + CELL_GAP) // (CELL_WIDTH + CELL_GAP))
         cells = [self._cell(d) for d in self.devices]
+        cell_width = max(cell.cell_len for cell in cells)
+        per_row = max(1, (width + CELL_GAP) // (cell_width + CELL_GAP))
         lines = []
         for start in range(0, len(cells), per_row):
             row = cells[start : start + per_row]
             for cell in row[:-1]:
-                cell.truncate(CELL_WIDTH, pad=True)
+                cell.truncate(cell_width, pad=True)
             lines.append(Text(" " * CELL_GAP).join(row))
         return lines
 
     def _cell(self, device: Device) -> Text:
-        index = f"{device.index:>{2 if len(self.devices) > 10 else 1}} "
+        # GPUs and HPUs on one node are both numbered from 0: then the kind's initial
+        # (and a shorter bar, so that four still fit a line at 80 columns)
+        mixed = len({d.kind for d in self.devices}) > 1
+        digits = len(str(max(d.index for d in self.devices)))
+        index = f"{device.kind[0] if mixed else ''}{device.index:>{digits}} "
         if device.lost is not None:
             cell = Text(index, self.style("panel--label"))
             cell.append("lost", self.style("gpu--lost"))
@@ -206,7 +211,7 @@ class AcceleratorsPanel(Panel):
         return assemble(
             [
                 (index, self.style("panel--label")),
-                *self.bar_parts([_fraction(device.util_pct)], CELL_BAR, ["gpu--util"]),
+                *self.bar_parts([_fraction(device.util_pct)], CELL_BAR - mixed, ["gpu--util"]),
                 (f"{fmt_pct(device.util_pct, compact=True):>5}", None),
                 (f" m{fmt_pct(mem, compact=True):>4}", self.style("gpu--mem")),
                 ("⚠" if device.throttle else "", self.style("panel--warning")),
