@@ -83,6 +83,10 @@ class CpuPanel(Panel):
     def build(self, width: int) -> list[Text]:
         lines: list[Text] = []
         workers = self._workers_line()
+        if workers is not None and workers.cell_len > width:  # the counts before the figures
+            workers = self._workers_line(figures=False)
+        if workers is not None and workers.cell_len > width:
+            workers = self._workers_line(figures=False, main_label="main")
         if workers is not None:
             lines.append(workers)
         if self.cpu is None or not self.cpu.cores:
@@ -156,7 +160,7 @@ class CpuPanel(Panel):
             line.append(f" {name} ", self.style("panel--dim"))
         return line
 
-    def _workers_line(self) -> Text | None:
+    def _workers_line(self, figures: bool = True, main_label: str = "main process") -> Text | None:
         processes = self.processes
         if processes is None:
             return None
@@ -168,15 +172,16 @@ class CpuPanel(Panel):
             style = self.style("panel--warning") if saturated == len(workers) else ""
             line.append(f"DataLoader: {len(workers)} workers", self.style("panel--label"))
             line.append(f", {saturated} at ≥{SATURATED_PCT:.0f} % of a core", style)
-            busiest = sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]
-            figures = " ".join(fmt_pct(w.cpu_pct, compact=True).removesuffix("%") for w in busiest)
-            line.append(f" ({figures}", style)
-            if len(workers) > 16:
-                line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
-            line.append(" %)", style)
+            if figures:
+                busiest = sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]
+                shares = (fmt_pct(w.cpu_pct, compact=True).removesuffix("%") for w in busiest)
+                line.append(f" ({' '.join(shares)}", style)
+                if len(workers) > 16:
+                    line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
+                line.append(" %)", style)
         else:
             line.append("no DataLoader workers (num_workers=0?)", self.style("panel--dim"))
         if main is not None:
-            line.append(" · main process ")
+            line.append(f" · {main_label} ")
             line.append(fmt_pct(main.cpu_pct, compact=True))
         return line
