@@ -177,6 +177,17 @@ class HpuSample:
 
 
 @dataclass(frozen=True)
+class TopProcess:
+    """One of the node's top CPU consumers over the last interval (any user's process)."""
+
+    pid: Count
+    ppid: Count | None
+    name: Str
+    cpu_pct: Num | None  # percent of one core over the interval; 100 = one core saturated
+    rss_bytes: Count | None
+
+
+@dataclass(frozen=True)
 class SystemSample:
     """Everything one node sampler saw at one instant (``time`` is Unix seconds).
 
@@ -200,3 +211,4 @@ class SystemSample:
     statuses: Seq[SourceStatus] = ()
     data_device: Str | None = None  # block device holding the dataset path, if known
     data_fs_type: Str | None = None  # filesystem type of the dataset path ("nfs4", "ext4")
+    top: Seq[TopProcess] | None = None  # the busiest processes; None: not sampled

@@ -23,8 +23,10 @@ from gputop_dl.probe.samples import (
     ProcessSample,
     SourceStatus,
     SystemSample,
+    TopProcess,
     TrainingProcesses,
 )
+from gputop_dl.tui.analyzer import Verdict
 from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
 
 T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
@@ -243,6 +245,30 @@ def processes(workers: int = 4, *, worker_cpu: float = 98.0) -> TrainingProcesse
     return TrainingProcesses(tuple(procs), saturated, workers)
 
 
+def top_processes(workers: int = 4) -> tuple[TopProcess, ...]:
+    """The node's busiest processes: another user's ffmpeg first, then the training's
+    main process and its workers, a second rank, and the node's daemons."""
+    procs = [
+        TopProcess(9100, 1, "ffmpeg", 310.0, int(1.2 * GIB)),
+        TopProcess(PID, 1000, "python", 87.0, int(9.5 * GIB)),
+        *(
+            TopProcess(
+                WORKER_PIDS[i % len(WORKER_PIDS)] + (i // len(WORKER_PIDS)) * 100,
+                PID,
+                "pt_data_worker",
+                98.0 - i,
+                int(2.1 * GIB),
+            )
+            for i in range(workers)
+        ),
+        TopProcess(4243, 1000, "python", 64.0, int(9.1 * GIB)),
+        TopProcess(2210, 1, "dockerd", 3.0, int(0.3 * GIB)),
+        TopProcess(1, 0, "systemd", 0.0, int(0.01 * GIB)),
+        TopProcess(7000, 1, "jupyter-lab", None, int(14.0 * GIB)),
+    ]
+    return tuple(sorted(procs, key=lambda p: -(p.cpu_pct if p.cpu_pct is not None else -1.0)))
+
+
 def system_sample(
     at: float,
     *,
@@ -304,6 +330,7 @@ def system_sample(
         else (SourceStatus("nvml", False, "NVML library not found"), SourceStatus("hl-smi", True)),
         data_device="nvme0n1",
         data_fs_type="ext4",
+        top=top_processes(workers) if with_processes else None,
     )
 
 
@@ -379,3 +406,38 @@ def agent_only(now: float = T0 + 10.0, host: str = HOST) -> list[SourceEvent]:
     events: list[SourceEvent] = [Received(agent, now - 10.0)]
     events += systems_events(now - 9.0, now - 0.5, source_id, host=host, with_processes=False)
     return events
+
+
+# The verdicts of the demo, in the analyzer's own words (the longest lines it writes).
+LONG_INPUT_BOUND = Verdict(
+    kind="input-bound",
+    severity="warning",
+    confidence=0.75,
+    headline=(
+        "Input-bound (data wait 82 % of step): the main process loads the data itself "
+        "(num_workers=0)"
+    ),
+    cause="few-workers",
+    evidence=(
+        "data wait 82 % of step time (418 ms of 507 ms per step, last 7 steps, 3.3 s)",
+        "throughput 68.5 samples/s (2.1 steps/s)",
+    ),
+    advice=(
+        "raise DataLoader num_workers from 0 to 1 (no core idle now: the worker overlaps "
+        "loading with the step; more need more cores)",
+        "persistent_workers=True: workers are not restarted every epoch",
+    ),
+    headroom="without the data wait: ≈ 345 samples/s, +510 %",
+)
+STALLED = Verdict(
+    kind="stalled",
+    severity="critical",
+    confidence=0.9,
+    headline="Stalled: no step for 41 s; typical step 320 ms",
+    cause="stalled",
+    evidence=("last step 236 ended 41 s ago; stall threshold 10 s (30 typical steps)",),
+    advice=(
+        "evaluation or checkpointing clears by itself when steps resume",
+        "otherwise see where it hangs: py-spy dump --pid 4242",
+    ),
+)

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from fakes_tui import (
     HOST,
+    LONG_INPUT_BOUND,
     SOURCE_ID,
+    STALLED,
     T0,
     FakeSource,
     agent_only,
@@ -164,7 +166,7 @@ async def test_live_run_fills_every_panel() -> None:
         cpu = app.query_one(CpuPanel)
         assert str(cpu.border_title).startswith(f"CPU {TIMES}64")
         cpu_text = text(cpu)
-        assert "DataLoader 4 workers" in cpu_text and "98%" in cpu_text
+        assert "DataLoader: 4 workers, 4 at ≥90 % of a core (98 97 96 95 %)" in cpu_text
         assert "63 " in cpu_text  # the 64th core fits
         assert "iowait" in cpu_text
         memory = text(app.query_one(MemoryPanel))
@@ -261,7 +263,7 @@ async def test_no_probe_is_a_top_with_the_instrument_hint() -> None:
         assert "from gputop_dl import probe; for batch in probe.watch(loader): ..." in banner
         assert str(app.query_one(CpuPanel).border_title).startswith(f"CPU {TIMES}64")
         assert "DataLoader" not in text(app.query_one(CpuPanel))
-        assert "58.0/79.6G" in text(app.query_one(AcceleratorsPanel))
+        assert "30% m 73%" in text(app.query_one(AcceleratorsPanel))  # the compact grid
 
 
 async def test_pause_freezes_the_display_but_keeps_receiving() -> None:
@@ -338,7 +340,7 @@ async def test_lost_gpu_unreported_values_and_missing_sources() -> None:
 
 async def test_gaudi_hpus_without_nvidia() -> None:
     app, source, _ = make_app()
-    async with app.run_test(size=NARROW) as pilot:
+    async with app.run_test(size=(80, 50)) as pilot:  # narrow and tall: the full forms
         await feed(pilot, source, live_run(NOW, gpu_count=0, hpu_count=8))
         panel = app.query_one(AcceleratorsPanel)
         assert str(panel.border_title).startswith(f"HPU {TIMES}8 HL-225")
@@ -351,23 +353,148 @@ async def test_gaudi_hpus_without_nvidia() -> None:
 # ---------------------------------------------------------------- layout
 
 
-async def test_80x24_keeps_header_banner_and_graph_in_view() -> None:
+SIZES = [(80, 24), (120, 36), (200, 50)]
+SMALL_NODE = {"core_count": 2, "gpu_count": 0}  # the demo's: two cores, no accelerator
+
+
+def screen_text(app: GputopApp) -> list[str]:
+    """The terminal's rows as plain text."""
+    return ["".join(ch for ch, _ in row) for row in screen_cells(app)]
+
+
+def flat(text: str) -> str:
+    """Words only: wrapped lines, their indents and the banner's left bar fold away."""
+    return " ".join(text.replace("▌", " ").split())
+
+
+async def settle(pilot: Pilot[None]) -> None:
+    """Let a scroll, the fitting of the panels and the hint they bring go through."""
+    for _ in range(4):
+        await pilot.pause()
+
+
+def panel_titles(app: GputopApp) -> list[str]:
+    return [str(p.border_title) for p in app.query(Panel) if p.display and p.border_title]
+
+
+@pytest.mark.parametrize("node", [{}, SMALL_NODE], ids=["64-core-8-gpu", "2-core"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_the_whole_verdict_and_every_panel_title_are_on_screen(
+    size: tuple[int, int], node: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: at 80 and 120 columns the advice ended "...the worker o…", and at 80x24
+    # the Disk and Network panels were below the fold.
+    monkeypatch.setattr(tui_state, "analyze", lambda window, previous=None: LONG_INPUT_BOUND)
+    app, source, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await feed(pilot, source, live_run(NOW, **node))  # type: ignore[arg-type]
+        await pilot.pause()
+        rows = screen_text(app)
+        shown = flat("\n".join(rows))
+        assert flat(LONG_INPUT_BOUND.headline) in shown
+        assert flat(LONG_INPUT_BOUND.advice[0]) in shown
+        assert flat(LONG_INPUT_BOUND.headroom or "") in shown
+        assert "…" not in "".join(rows[: app.banner.region.bottom])
+        titles = panel_titles(app)
+        assert {"Throughput", "CPU", "Memory", "Disk", "Network"} <= {
+            t.split(" ")[0] for t in titles
+        }
+        for title in titles:
+            assert title in "\n".join(rows), title
+        assert not app.more.display  # nothing below the fold: no hint
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+async def test_the_stall_advice_with_its_command_is_on_screen(
+    size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: "py-spy dump --pid N" showed only from 200 columns on.
+    monkeypatch.setattr(tui_state, "analyze", lambda window, previous=None: STALLED)
+    app, source, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        shown = flat("\n".join(screen_text(app)))
+        assert flat(STALLED.headline) in shown
+        assert "otherwise see where it hangs: py-spy dump --pid 4242" in shown
+
+
+async def test_panels_below_the_fold_are_named_and_reached_with_page_down() -> None:
     app, source, _ = make_app()
     async with app.run_test(size=NARROW) as pilot:
         await feed(pilot, source, live_run(NOW))
-        assert app.screen.has_class("-narrow")
-        header = app.query_one(HeaderBar).region
-        banner = app.query_one(Banner).region
-        graph = app.query_one(ThroughputGraph).region
-        panels = app.query_one("#panels").region
-        assert header.y == 0 and header.height == 1
-        assert 3 <= banner.height <= 4
-        assert graph.y == banner.bottom and graph.height == 6
-        assert panels.y == graph.bottom and panels.height >= 10
-        # Eight GPUs share four rows, so the accelerators fit above the fold.
-        accelerators = app.query_one(AcceleratorsPanel)
-        assert len(text(accelerators).splitlines()) == 5
-        assert accelerators.region.bottom <= 23
+        assert not app.top_table.display  # no room at 80x24: the table waits for `t`
+        await pilot.press("t")
+        await pilot.pause()
+        assert app.top_table.display
+        app.panels.scroll_home(animate=False)
+        await settle(pilot)
+        rows = screen_text(app)
+        assert app.more.display
+        hint = rows[-2].strip()
+        assert hint.startswith("↓ ") and hint.endswith(" below: PgDn or ↓ to scroll")
+        for title in panel_titles(app):  # a panel whose title is out of sight is named
+            if not any(title in row for row in rows):
+                assert title.split(" ·")[0] in hint
+        assert not any("+5 more" in row for row in rows)
+        await pilot.press("pagedown")
+        await settle(pilot)
+        rows = screen_text(app)
+        assert any("+5 more (a taller terminal shows all)" in row for row in rows)
+        assert rows[-2].strip() == "↑ more above: PgUp or ↑ to scroll"
+
+
+async def test_the_process_table_marks_the_training_and_names_the_others() -> None:
+    events = sorted(
+        live_run(NOW) + live_run(NOW, source_id=f"{HOST}:4243", rank=1),
+        key=lambda e: e.received if isinstance(e, Received) else 0.0,
+    )
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot, source, events)
+        assert app.top_table.display  # shown without asking where there is room
+        rows = [" ".join(row.split()) for row in text(app.top_table).splitlines()]
+        assert rows[0].split() == ["pid", "cpu", "memory", "name"]
+        assert rows[1].split() == ["9100", "310%", "1.20", "GiB", "ffmpeg"]  # not ours
+        assert "◆ worker pt_data_worker" in rows[2] and rows[2].split()[0] == "4301"
+        main = next(r for r in rows if r.split()[0] == "4242")
+        assert "◆ main" in main and main.endswith("python")
+        other = next(r for r in rows if r.split()[0] == "4243")
+        assert "◆ training python" in other  # rank 1 on the same node
+        assert "n/a" in next(r for r in rows if "jupyter-lab" in r)  # no CPU figure yet
+        await pilot.press("t")
+        await pilot.pause()
+        assert not app.top_table.display
+
+
+async def test_compact_panels_keep_one_line_a_device() -> None:
+    app, source, _ = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        assert app.screen.has_class("-short")
+        gpus = text(app.accelerators).splitlines()
+        assert len(gpus) == 2 and gpus[0].startswith("0 ") and "m 73%" in gpus[0]
+        cpu = text(app.cpu).splitlines()
+        assert len(cpu) == 2  # workers, then all cores in one bar and the busiest by number
+        assert cpu[1].startswith("all ") and "busiest: #3 96%" in cpu[1]
+        assert text(app.memory).count("\n") == 0
+        disk = text(app.disk).splitlines()
+        assert disk == ["nvme0n1 ◆ read 412 MB/s · write 1.50 MB/s · busy 47% · +1 quiet"]
+        assert text(app.network).splitlines() == [
+            "eth0    rx  1.20 MB/s   tx   400 kB/s · idle: ib0"
+        ]
+
+
+async def test_sixteen_accelerators_on_80x24_name_their_kind_and_what_is_below() -> None:
+    app, source, _ = make_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await feed(pilot, source, live_run(NOW, hpu_count=8))
+        await settle(pilot)
+        cells = text(app.accelerators).splitlines()
+        assert [row.split()[0] for row in cells] == ["G0", "G4", "H0", "H4"]
+        assert all(row.count("% m ") == 4 and row.endswith("%") for row in cells)
+        rows = screen_text(app)
+        assert not any(row.startswith("─Network") for row in rows)
+        assert rows[-2].strip() == "↓ Network below: PgDn or ↓ to scroll"
 
 
 async def test_wide_terminal_puts_panels_side_by_side() -> None:

@@ -22,22 +22,30 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 
 from gputop_dl.probe.messages import Steps, System
+from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import Received, Source, SourceEvent
 from gputop_dl.tui.state import ViewerState
 from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
 from gputop_dl.tui.widgets.banner import Banner
+from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.cpu import CpuPanel
 from gputop_dl.tui.widgets.disk import DiskPanel
 from gputop_dl.tui.widgets.header import HeaderBar
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
+from gputop_dl.tui.widgets.processes import ProcessTable
 from gputop_dl.tui.widgets.status import StatusLine
 from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
 WIDE_COLUMNS = 120  # from this width the panels sit side by side
+TALL_ROWS = 44  # from this height the panels show their full forms, below it compact ones
+MIN_GRAPH_NARROW = 4  # the graph's rows on a short screen: its rule, two rows, the split
+MIN_GRAPH_WIDE = 6  # (two rules with a border)
+MIN_PANEL_ROWS = 3
+FOOTER_ROWS = 1
 
 
 class SourceEvents(Message):
@@ -70,6 +78,7 @@ class GputopApp(App[None]):
     TITLE = "gputop"
     ENABLE_COMMAND_PALETTE = False
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_COLUMNS, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_ROWS, "-tall")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("p", "toggle_pause", "Pause"),
@@ -77,6 +86,9 @@ class GputopApp(App[None]):
         Binding("shift+tab", "previous_run", "Prev run", show=False, priority=True),
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("s", "save_screenshot", "Screenshot"),
+        Binding("t", "toggle_processes", "Top procs"),
+        Binding("pagedown", "scroll_panels(1)", "Scroll", show=False),
+        Binding("pageup", "scroll_panels(-1)", "Scroll", show=False),
         *(Binding(str(n), f"select_run({n})", f"Run {n}", show=False) for n in range(1, 10)),
     ]
 
@@ -114,6 +126,12 @@ class GputopApp(App[None]):
         self.memory = MemoryPanel(id="memory")
         self.disk = DiskPanel(id="disk")
         self.network = NetworkPanel(id="network")
+        self.top_table = ProcessTable(id="top")
+        self.panels = VerticalScroll(id="panels")
+        self.more = Static(id="more")  # says what is below the fold, and how to get there
+        self.top_toggled = False  # `t` flips the default (shown on a tall or wide screen)
+        self._panels_room: int | None = None  # rows the panels may take (short screens)
+        self._more_text = ""
 
     # ---------------------------------------------------------------- layout
 
@@ -122,15 +140,21 @@ class GputopApp(App[None]):
         yield self.status
         yield self.banner
         yield self.graph
-        with VerticalScroll(id="panels"):
+        with self.panels:
             yield self.accelerators
             yield self.cpu
             yield self.memory
             yield self.disk
             yield self.network
+            yield self.top_table
+        yield self.more
         yield Footer()
 
     def on_mount(self) -> None:
+        self.more.display = False
+        # after the layout that the scroll or the growth comes with
+        self.watch(self.panels, "scroll_y", self._update_more_later, init=False)
+        self.watch(self.panels, "virtual_size", self._fit_panels_later, init=False)
         self.refresh_view()
         if self.refresh_hz > 0:
             self._timer = self.set_interval(1.0 / self.refresh_hz, self.refresh_view)
@@ -138,6 +162,9 @@ class GputopApp(App[None]):
         self._source_started = True
         if not self.is_headless:
             self.call_after_refresh(_tune_gc)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._fit_panels)
 
     def on_unmount(self) -> None:
         self._stop_source()
@@ -226,9 +253,86 @@ class GputopApp(App[None]):
             loader.dataset_path if loader is not None else None,
         )
         self.network.show(system.nets if system else ())
+        self._show_top(system)
+        self.call_after_refresh(self._fit_panels)
         self.sub_title = run.label if run is not None else host or ""
 
+    def _show_top(self, system: SystemSample | None) -> None:
+        roomy = self.screen.has_class("-tall") or self.screen.has_class("-wide")
+        reported = system is not None and system.top is not None
+        shown = (roomy and reported) != self.top_toggled  # by default: where there is room
+        self.top_table.set_display(shown)
+        if shown:
+            run = self.state.selected
+            self.top_table.show(
+                system.top if system else None,
+                self.state.training_processes(),
+                run.pid if run is not None else None,
+                frozenset(r.pid for r in self.state.runs if r.pid is not None),
+            )
+
+    def _fit_panels(self) -> None:
+        """On a short screen the panels get what the verdict and the graph's smallest
+        form leave, and scroll beyond that (a container of automatic height would
+        instead push the bottom panels off the screen, out of the scroll's reach). A
+        row under them says what is below the fold whenever they scroll."""
+        room: int | None = None
+        if self.screen.has_class("-short"):
+            above = (self.header, self.status, self.banner)
+            used = sum(w.outer_size.height for w in above if w.display) + FOOTER_ROWS
+            graph = MIN_GRAPH_WIDE if self.screen.has_class("-wide") else MIN_GRAPH_NARROW
+            room = max(MIN_PANEL_ROWS, self.size.height - used - graph)
+            scrolls = self.panels.virtual_size.height > room
+            if scrolls:
+                room -= 1  # the hint's row
+        else:
+            scrolls = self.panels.max_scroll_y > 0  # the panels take the rest (1fr)
+        if room != self._panels_room:
+            self._panels_room = room
+            self.panels.styles.max_height = room
+        if scrolls != self.more.display:
+            self.more.display = scrolls
+        self._update_more()
+
+    def _update_more_later(self) -> None:
+        self.call_after_refresh(self._update_more)
+
+    def _fit_panels_later(self) -> None:
+        self.call_after_refresh(self._fit_panels)
+
+    def _update_more(self) -> None:
+        """Name the panels whose titles are below the fold."""
+        if not self.more.display:
+            return
+        panels = self.panels
+        bottom = panels.scroll_y + panels.scrollable_content_region.height
+        below = [
+            str(panel.border_title or "").split(" ·")[0]
+            for panel in panels.query(Panel)
+            if panel.display and panel.virtual_region.y >= bottom
+        ]
+        if below or panels.scroll_y < panels.max_scroll_y:
+            text = f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll"
+        else:
+            text = "↑ more above: PgUp or ↑ to scroll"
+        if text != self._more_text:  # an update repaints, even with the same text
+            self._more_text = text
+            self.more.update(text)
+
     # ---------------------------------------------------------------- actions
+
+    def action_toggle_processes(self) -> None:
+        self.top_toggled = not self.top_toggled
+        self._show_top(self.state.host_system())
+        self.call_after_refresh(self._fit_panels)
+        if self.top_table.display:
+            self.call_after_refresh(self.panels.scroll_to_widget, self.top_table, top=True)
+
+    def action_scroll_panels(self, pages: int) -> None:
+        if pages > 0:
+            self.panels.scroll_page_down()
+        else:
+            self.panels.scroll_page_up()
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused

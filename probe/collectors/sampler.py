@@ -19,6 +19,9 @@ from typing import Any
 from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
 
 
+TOP_EVERY = 5  # samples between two walks of /proc for the process table
+
+
 class NodeSampler:
     def __init__(
         self,
@@ -56,6 +59,15 @@ class NodeSampler:
                 from gputop_dl.probe.collectors.hlsmi import HlSmiCollector
 
                 self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
+        # The node's busiest processes (the process table, cpu-contention): a walk of
+        # /proc costs ~3 ms, so it runs every TOP_EVERY samples and is repeated between.
+        self._top: Any = None
+        if host:
+            from gputop_dl.probe.collectors.top import TopCollector
+
+            self._top = TopCollector()
+        self._top_last: Any = None
+        self._top_countdown = 0
         self._proc_collector = (
             ProcessCollector(main_pid, exclude=self._tool_pids, worker_pids=worker_pids)
             if main_pid is not None
@@ -139,6 +151,12 @@ class NodeSampler:
             fields["processes"] = procs
             if procs is not None:
                 self._training_pids = {p.pid for p in procs.processes}
+        if self._top is not None:
+            if self._top_countdown <= 0:
+                self._top_last = self._top.sample()
+                self._top_countdown = TOP_EVERY
+            self._top_countdown -= 1
+            fields["top"] = self._top_last
         if self._nvml is not None:
             gpus, status = self._nvml.sample()
             fields["gpus"] = self._own(gpus)

@@ -25,6 +25,10 @@ THROTTLE_WORDS = {
     "hw_slowdown": "slowdown",
 }
 HOT_C = 85.0
+COMPACT_ONE_A_LINE = 2  # a short screen shows this many devices a line each, more as
+# cells: "0 ▇▇▇▇  30% m 73%", four to a line at 80 columns
+CELL_BAR = 4
+CELL_GAP = 2
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,8 @@ class AcceleratorsPanel(Panel):
             parts.append(f"{kind} {TIMES}{len(devices)}{name}")
         return " · ".join(parts) + " · util, memory"
 
-    def layout_key(self) -> bool:
-        return self.is_attached and self.screen.has_class("-narrow")
+    def layout_key(self) -> tuple[bool, bool]:
+        return self.is_attached and self.screen.has_class("-narrow"), self.compact
 
     def _same_names(self) -> bool:
         return len({(d.kind, d.name) for d in self.devices if d.lost is None}) <= 1
@@ -145,6 +149,8 @@ class AcceleratorsPanel(Panel):
         lines: list[Text] = []
         if not self.devices and not self.statuses:
             return [Text("no accelerator reported", self.style("panel--dim"))]
+        if self.compact:
+            return self._compact(width)
         # On a narrow screen height is short: four or more devices go two to a row.
         two_per_row = (
             len(self.devices) >= 4
@@ -164,6 +170,53 @@ class AcceleratorsPanel(Panel):
             text = f"{MISSING_SOURCES[status.source]}: {status.message or 'not available'}"
             lines.append(Text(text, self.style("panel--dim")))
         return lines
+
+    def _compact(self, width: int) -> list[Text]:
+        """A short screen: a few devices one line each, more as a grid of cells (util
+        bar and %, memory %), the missing sources in one line only without devices."""
+        if not self.devices:
+            missing = (
+                f"{MISSING_SOURCES[s.source]} ({s.message or 'not available'})"
+                for s in self.statuses
+            )
+            return [Text(" · ".join(missing), self.style("panel--dim"))]
+        if len(self.devices) <= COMPACT_ONE_A_LINE:
+            return [self._row(d, width, not self._same_names()) for d in self.devices]
+        cells = [self._cell(d) for d in self.devices]
+        cell_width = max(cell.cell_len for cell in cells)
+        per_row = max(1, (width + CELL_GAP) // (cell_width + CELL_GAP))
+        lines = []
+        for start in range(0, len(cells), per_row):
+            row = cells[start : start + per_row]
+            for cell in row[:-1]:
+                cell.truncate(cell_width, pad=True)
+            lines.append(Text(" " * CELL_GAP).join(row))
+        return lines
+
+    def _cell(self, device: Device) -> Text:
+        # GPUs and HPUs on one node are both numbered from 0: then the kind's initial
+        # (and a shorter bar, so that four still fit a line at 80 columns)
+        mixed = len({d.kind for d in self.devices}) > 1
+        digits = len(str(max(d.index for d in self.devices)))
+        index = f"{device.kind[0] if mixed else ''}{device.index:>{digits}} "
+        if device.lost is not None:
+            cell = Text(index, self.style("panel--label"))
+            cell.append("lost", self.style("gpu--lost"))
+            return cell
+        mem = (
+            100.0 * device.mem_used / device.mem_total
+            if device.mem_used is not None and device.mem_total
+            else None
+        )
+        return assemble(
+            [
+                (index, self.style("panel--label")),
+                *self.bar_parts([_fraction(device.util_pct)], CELL_BAR - mixed, ["gpu--util"]),
+                (f"{fmt_pct(device.util_pct, compact=True):>5}", None),
+                (f" m{fmt_pct(mem, compact=True):>4}", self.style("gpu--mem")),
+                ("⚠" if device.throttle else "", self.style("panel--warning")),
+            ]
+        )
 
     def _row(self, device: Device, width: int, show_name: bool) -> Text:
         label = self.style("panel--label")

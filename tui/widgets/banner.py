@@ -6,6 +6,8 @@ that ``app.tcss`` colours. Without a probe it says how to instrument a script.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -19,8 +21,11 @@ if TYPE_CHECKING:
 
 SEVERITIES = ("ok", "info", "warning", "critical", "muted")
 SEVERITY_GLYPHS = {"ok": "✓", "info": "●", "warning": "▲", "critical": "✖", "muted": "■"}
-WIDE_BANNER = 118  # below this many columns the banner keeps to four lines
-NARROW_LINES = 4
+WIDE_BANNER = 118  # from this many columns the banner adds the evidence and the notes
+# (screen rows below which, lines of a narrow banner): 80x24 keeps 5 lines, so that
+# all the panels' titles stay in view under it
+NARROW_BUDGET = ((30, 5), (44, 7), (sys.maxsize, 9))
+MAX_WRAP = 4  # lines one bullet may take before it is cut (a sentence, not a page)
 
 
 class Banner(Panel):
@@ -64,6 +69,16 @@ class Banner(Panel):
         if run.verdict is None:
             return "warning" if state == "stale" else "info"
         return run.verdict.severity if run.verdict.severity in SEVERITIES else "info"
+
+    @property
+    def budget(self) -> int:
+        """Lines a narrow banner may take for more than the headline, the first advice
+        and the headroom (which it always shows): fewer on a shorter screen."""
+        height = self.screen.size.height if self.is_attached else 0
+        return next(lines for rows, lines in NARROW_BUDGET if height < rows)
+
+    def layout_key(self) -> int:
+        return self.budget
 
     # ---------------------------------------------------------------- rendering
 
@@ -145,25 +160,38 @@ class Banner(Panel):
             right = " · ".join(facts)
         severity = self._severity()
         headline = self._headline(severity, kind, prefix + verdict.headline, right)
-        lines = wrap(headline, width, max_lines=2)
+        lines = wrap(headline, width, max_lines=MAX_WRAP)
         evidence = list(verdict.evidence)
         advice = list(verdict.advice)
         notes: tuple[str, ...] = tuple(getattr(verdict, "notes", ()) or ())
+        headroom = [verdict.headroom] if verdict.headroom else []
         if wide:
-            lines += [self._item("•", text, "banner--evidence") for text in evidence[:3]]
-            lines += [self._item("→", text, "banner--advice") for text in advice[:2]]
-            if verdict.headroom:
-                lines.append(self._item("⇡", verdict.headroom, "banner--headroom"))
-            lines += [self._item("·", text, "banner--note") for text in notes[:1]]
+            lines += self._items("•", evidence[:3], "banner--evidence", width)
+            lines += self._items("→", advice[:2], "banner--advice", width)
+            lines += self._items(
+                "⇡", [verdict.headroom] if verdict.headroom else [], "banner--headroom", width
+            )
+            lines += self._items("·", notes[:1], "banner--note", width)
             return lines
-        # Narrow: four lines at most, what to do before why.
-        if advice:
-            lines.append(self._item("→", advice[0], "banner--advice"))
-        if evidence:
-            lines.append(self._item("•", " · ".join(evidence), "banner--evidence"))
-        if verdict.headroom:
-            lines.append(self._item("⇡", verdict.headroom, "banner--headroom"))
-        return lines[:NARROW_LINES]
+        # Narrow: what to do before why, every line wrapped, none cut; then the
+        # second piece of advice and the first of evidence while the screen has room.
+        first = self._items("→", advice[:1], "banner--advice", width)
+        second = self._items("→", advice[1:2], "banner--advice", width)
+        gain = self._items("⇡", headroom, "banner--headroom", width)
+        why = self._items("•", evidence[:1], "banner--evidence", width)
+        budget = self.budget - len(lines) - len(first) - len(gain)
+        if len(second) > budget:
+            second = []
+        if len(second) + len(why) > budget:
+            why = []
+        return lines + first + second + gain + why
+
+    def _items(self, glyph: str, texts: Sequence[str], component: str, width: int) -> list[Text]:
+        """Each text as a bullet, word-wrapped under its first word."""
+        lines: list[Text] = []
+        for text in texts:
+            lines += wrap(self._item(glyph, text, component), width, max_lines=MAX_WRAP, indent=4)
+        return lines
 
     def _item(self, glyph: str, text: str, component: str) -> Text:
         return Text(f"  {glyph} {text}", self.style(component))

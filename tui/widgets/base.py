@@ -194,7 +194,13 @@ class Panel(Widget):
 
     def layout_key(self) -> Hashable:
         """What, besides the width, ``build`` depends on (e.g. the height)."""
-        return None
+        return self.compact
+
+    @property
+    def compact(self) -> bool:
+        """A short terminal (``-short``, see ``GputopApp.VERTICAL_BREAKPOINTS``): every
+        panel keeps to a few lines so that all of them fit under the verdict."""
+        return self.is_attached and self.screen.has_class("-short")
 
     def style(self, component: str) -> Style:
         """The Rich style of ``component`` (a name in ``COMPONENT_CLASSES``).

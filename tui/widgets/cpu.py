@@ -13,6 +13,8 @@ from gputop_dl.tui.format import TIMES, fmt_pct
 from gputop_dl.tui.widgets.base import Panel, Part, assemble
 
 SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
+SUMMARY_BAR = 12  # the all-cores bar of the compact form
+IOWAIT_SHOWN_PCT = 1.0  # the compact form names iowait only from this share on
 CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]
 
 
@@ -81,14 +83,43 @@ class CpuPanel(Panel):
     def build(self, width: int) -> list[Text]:
         lines: list[Text] = []
         workers = self._workers_line()
+        if workers is not None and workers.cell_len > width:  # the counts before the figures
+            workers = self._workers_line(figures=False)
+        if workers is not None and workers.cell_len > width:
+            workers = self._workers_line(figures=False, main_label="main")
         if workers is not None:
             lines.append(workers)
         if self.cpu is None or not self.cpu.cores:
             lines.append(Text("no CPU sample yet", self.style("panel--dim")))
             return lines
+        if self.compact:
+            lines.append(self._busiest(self.cpu.cores, width))
+            return lines
         lines.extend(self._grid(self.cpu.cores, width))
         lines.append(self._summary(self.cpu.cores))
         return lines
+
+    def _busiest(self, cores: tuple[CpuCore, ...], width: int) -> Text:
+        """One line: a bar of all cores together, then the busiest cores by number."""
+        mean = [_mean([f[i] for f in map(_fractions, cores)]) for i in range(len(CORE_PARTS))]
+        dim = self.style("panel--dim")
+        parts: list[Part] = [("all ", dim)]
+        parts += self.bar_parts(mean, SUMMARY_BAR, CORE_PARTS)
+        busy = _mean([c.busy_pct for c in cores])
+        parts.append((f"{fmt_pct(busy, compact=True):>5}", None))
+        iowait = _mean([c.iowait_pct for c in cores])
+        if iowait is not None and iowait >= IOWAIT_SHOWN_PCT:
+            parts.append((f" · iowait {fmt_pct(iowait, 1)}", self.style("cpu--iowait")))
+        parts.append((" · busiest:", dim))
+        room = width - sum(len(text) for text, _ in parts)
+        ranked = sorted(cores, key=lambda c: -(c.busy_pct or 0.0))
+        for core in ranked:
+            cell = f" #{core.index} {fmt_pct(core.busy_pct, compact=True)}"
+            if len(cell) > room or core.busy_pct is None:
+                break
+            parts.append((cell, None))
+            room -= len(cell)
+        return assemble(parts)
 
     def _grid(self, cores: tuple[CpuCore, ...], width: int) -> list[Text]:
         shape = grid_shape(len(cores), width)
@@ -129,7 +160,7 @@ class CpuPanel(Panel):
             line.append(f" {name} ", self.style("panel--dim"))
         return line
 
-    def _workers_line(self) -> Text | None:
+    def _workers_line(self, figures: bool = True, main_label: str = "main process") -> Text | None:
         processes = self.processes
         if processes is None:
             return None
@@ -139,15 +170,18 @@ class CpuPanel(Panel):
         if workers:
             saturated = processes.saturated_workers
             style = self.style("panel--warning") if saturated == len(workers) else ""
-            line.append(f"DataLoader {len(workers)} workers", self.style("panel--label"))
-            line.append(f" · {saturated} ≥{SATURATED_PCT:.0f} %:", style)
-            for worker in sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]:
-                line.append(f" {fmt_pct(worker.cpu_pct, compact=True)}", style)
-            if len(workers) > 16:
-                line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
+            line.append(f"DataLoader: {len(workers)} workers", self.style("panel--label"))
+            line.append(f", {saturated} at ≥{SATURATED_PCT:.0f} % of a core", style)
+            if figures:
+                busiest = sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]
+                shares = (fmt_pct(w.cpu_pct, compact=True).removesuffix("%") for w in busiest)
+                line.append(f" ({' '.join(shares)}", style)
+                if len(workers) > 16:
+                    line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
+                line.append(" %)", style)
         else:
             line.append("no DataLoader workers (num_workers=0?)", self.style("panel--dim"))
         if main is not None:
-            line.append(" · main ")
+            line.append(f" · {main_label} ")
             line.append(fmt_pct(main.cpu_pct, compact=True))
         return line

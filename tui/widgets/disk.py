@@ -13,6 +13,9 @@ MAX_ROWS = 6
 BUSY_HIGH_PCT = 70.0
 DATA_MARK = "◆"
 RATE_WIDTH = 10
+COMPACT_ROWS = 2
+QUIET_BPS = 1e6  # a short screen leaves out devices under 1 MB/s ...
+BUSY_SHOWN_PCT = 20.0  # ... and under 20 % busy
 
 
 def _traffic(disk: DiskSample) -> float:
@@ -52,6 +55,8 @@ class DiskPanel(Panel):
     def build(self, width: int) -> list[Text]:
         if not self.disks:
             lines = [Text("no disk reported", self.style("panel--dim"))]
+        elif self.compact:
+            return self._compact(width)
         else:
             lines = self._table(width)
         note = self._data_note()
@@ -101,6 +106,39 @@ class DiskPanel(Panel):
         hidden = len(self.disks) - len(shown)
         if hidden > 0:
             lines.append(Text(f"+{hidden} idle", self.style("panel--dim")))
+        return lines
+
+    def _compact(self, width: int) -> list[Text]:
+        """A short screen: one line a device, the data device and the busiest few;
+        the others counted on the last line."""
+        ordered = self._ordered()
+        shown = [
+            d
+            for d in ordered
+            if d.device == self.data_device
+            or _traffic(d) >= QUIET_BPS
+            or (d.busy_pct or 0.0) >= BUSY_SHOWN_PCT
+        ][:COMPACT_ROWS] or ordered[:1]
+        dim = self.style("panel--dim")
+        name_width = max(len(d.device) for d in shown) + 2
+        lines = []
+        for disk in shown:
+            line = Text(disk.device, self.style("panel--label"))
+            if disk.device == self.data_device:
+                line.append(f" {DATA_MARK}", self.style("panel--accent"))
+            line.pad_right(name_width - line.cell_len)
+            line.append(" read ", dim)
+            line.append(fmt_rate(disk.read_bps), self.style("disk--read"))
+            line.append(" · write ", dim)
+            line.append(fmt_rate(disk.write_bps), self.style("disk--write"))
+            busy = disk.busy_pct
+            style = self.style("panel--warning") if (busy or 0.0) >= BUSY_HIGH_PCT else None
+            line.append(" · busy ", dim)
+            line.append(fmt_pct(busy, compact=True), style)
+            lines.append(line)
+        hidden = len(self.disks) - len(shown)
+        if hidden > 0:
+            lines[-1].append(f" · +{hidden} quiet", dim)
         return lines
 
     def _data_note(self) -> Text | None:

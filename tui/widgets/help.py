@@ -29,11 +29,20 @@ HELP_TEXT = f"""\
 - **Accelerators**: per GPU/HPU utilisation and memory bars, temperature, power/limit,
   SM clock, PCIe receive/transmit. `n/a` means the driver did not report it.
 - **CPU**: one stacked bar per core: user, system, **iowait**, steal. The line above
-  shows the DataLoader workers' CPU; workers at ≥ 90 % of a core cannot go faster.
+  shows the DataLoader workers' CPU (`4 at ≥90 % of a core (98 97 96 95 %)`): workers
+  that busy cannot go faster.
 - **Memory**: RAM used/cache/available, swap and its in/out rate, pressure (PSI) and
   container limits.
 - **Disk**: read/write and busy % per device; `◆` marks the device holding the data.
 - **Network**: receive/transmit per interface.
+- **Top processes** (`t`): the node's busiest processes by CPU over the last interval,
+  then the largest in memory; `◆ main` and `◆ worker` are the selected run's own,
+  `◆ training` another run's (another rank on the node).
+
+On a terminal under 44 rows the panels take compact forms (all cores in one bar with
+the busiest by number `#3 96%`, four accelerators a line with utilisation and `m`
+memory %, one line a disk or interface); when they still do not fit they scroll, and
+the line under them names what is below the fold.
 
 ## Verdicts
 
@@ -50,7 +59,8 @@ HELP_TEXT = f"""\
 ## Keys
 
 `q` quit · `p` pause the display (data keeps arriving) · `tab`/`shift+tab`, `1`-`9`
-switch run · `s` save an SVG screenshot · `?` or `escape` close this help
+switch run · `t` show/hide the top processes · `PgDn`/`PgUp`, `↓`/`↑` scroll the panels ·
+`s` save an SVG screenshot · `?` or `escape` close this help
 """
 
 

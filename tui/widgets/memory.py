@@ -20,6 +20,9 @@ def _share(part: int | None, total: int | None) -> float | None:
     return part / total
 
 
+COMPACT_BAR = 8
+
+
 class MemoryPanel(Panel):
     COMPONENT_CLASSES = {"mem--used", "mem--cached", "mem--swap"}
 
@@ -50,18 +53,21 @@ class MemoryPanel(Panel):
         memory = self.memory
         if memory is None:
             return [Text("no memory sample yet", self.style("panel--dim"))]
-        bar_width = max(6, min(30, width // 4))
+        bar_width = COMPACT_BAR if self.compact else max(6, min(30, width // 4))
         ram = Text("RAM".ljust(LABEL_WIDTH), self.style("panel--label"))
         used = _share(memory.used_bytes, memory.total_bytes)
         cached = _share(memory.cached_bytes, memory.total_bytes)
         ram.append_text(self.styled_bar([used, cached], bar_width, ["mem--used", "mem--cached"]))
         ram.append(" used ", self.style("panel--dim"))
         ram.append(fmt_bytes(memory.used_bytes), self.style("mem--used"))
-        ram.append(" · cache ", self.style("panel--dim"))
-        ram.append(fmt_bytes(memory.cached_bytes), self.style("mem--cached"))
+        if not self.compact:
+            ram.append(" · cache ", self.style("panel--dim"))
+            ram.append(fmt_bytes(memory.cached_bytes), self.style("mem--cached"))
         ram.append(" · avail ", self.style("panel--dim"))
         ram.append(fmt_bytes(memory.available_bytes))
 
+        if self.compact:
+            return [self._compact_tail(ram)]
         swap = Text("swap".ljust(LABEL_WIDTH), self.style("panel--label"))
         swap_share = _share(memory.swap_used_bytes, memory.swap_total_bytes)
         swap.append_text(self.styled_bar([swap_share], bar_width, ["mem--swap"]))
@@ -78,6 +84,26 @@ class MemoryPanel(Panel):
         if limits is not None:
             lines.append(limits)
         return lines
+
+    def _compact_tail(self, ram: Text) -> Text:
+        """A short screen: swap and the limits after RAM, on the same line."""
+        memory = self.memory
+        assert memory is not None
+        dim = self.style("panel--dim")
+        ram.append(" · swap ", dim)
+        if memory.swap_total_bytes == 0:
+            ram.append("none", dim)
+        else:
+            swapping = (memory.swap_in_bps or 0.0) >= SWAP_ACTIVE_BPS
+            ram.append(
+                fmt_ratio(memory.swap_used_bytes, memory.swap_total_bytes),
+                self.style("panel--warning") if swapping else None,
+            )
+        limits = self._limits_line()
+        if limits is not None:
+            ram.append(" · ", dim)
+            ram.append_text(limits)
+        return ram
 
     def _limits_line(self) -> Text | None:
         parts: list[Text] = []

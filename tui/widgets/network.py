@@ -10,6 +10,7 @@ from gputop_dl.tui.format import fmt_rate
 from gputop_dl.tui.widgets.base import Panel
 
 MAX_ROWS = 5
+COMPACT_ROWS = 1  # a short screen: the busiest interface, the others named after it
 RATE_WIDTH = 10
 
 
@@ -36,7 +37,9 @@ class NetworkPanel(Panel):
             return [Text("no network interface reported", self.style("panel--dim"))]
         busy = sorted((n for n in self.nets if _traffic(n) > 0), key=lambda n: n.interface)
         idle = sorted((n for n in self.nets if _traffic(n) <= 0), key=lambda n: n.interface)
-        shown = busy[:MAX_ROWS] or idle[:1]
+        if self.compact:
+            busy.sort(key=lambda n: -_traffic(n))
+        shown = busy[: COMPACT_ROWS if self.compact else MAX_ROWS] or idle[:1]
         rest = [n for n in busy + idle if n not in shown]
         name_width = max(6, *(len(n.interface) for n in shown)) + 2
         lines = []
@@ -50,5 +53,8 @@ class NetworkPanel(Panel):
         if rest:
             names = ", ".join(n.interface for n in rest)
             label = "idle" if all(_traffic(n) <= 0 for n in rest) else "also"
-            lines.append(Text(f"{label}: {names}", self.style("panel--dim")))
+            if self.compact:
+                lines[-1].append(f" · {label}: {names}", self.style("panel--dim"))
+            else:
+                lines.append(Text(f"{label}: {names}", self.style("panel--dim")))
         return lines

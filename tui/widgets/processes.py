@@ -1,0 +1,93 @@
+"""The node's busiest processes, with the training's own marked (key ``t``).
+
+The verdict may blame other processes for taking the cores the DataLoader needs: this
+table names them. The selected run's main process and its DataLoader workers are
+marked, and so are the other runs' processes (other ranks on the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from rich.text import Text
+
+from gputop_dl.probe.samples import TopProcess, TrainingProcesses
+from gputop_dl.tui.format import fmt_bytes, fmt_pct
+from gputop_dl.tui.widgets.base import Panel
+
+SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full table)
+ROLE_WIDTH = 11  # "◆ training "
+
+
+def role_of(
+    process: TopProcess,
+    own_pid: int | None,
+    workers: Collection[int],
+    run_pids: Collection[int],
+) -> str:
+    """ "main" / "worker" for the selected run's processes, "training" for another run's
+    main process or worker, "" for anything else on the node."""
+    if own_pid is not None and process.pid == own_pid:
+        return "main"
+    if process.pid in workers or (own_pid is not None and process.ppid == own_pid):
+        return "worker"
+    if process.pid in run_pids or process.ppid in run_pids:
+        return "training"
+    return ""
+
+
+class ProcessTable(Panel):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.top: tuple[TopProcess, ...] | None = None
+        self.own_pid: int | None = None
+        self.worker_pids: frozenset[int] = frozenset()
+        self.run_pids: frozenset[int] = frozenset()
+        self.border_title = "Top processes"
+
+    def show(
+        self,
+        top: tuple[TopProcess, ...] | None,
+        training: TrainingProcesses | None,
+        own_pid: int | None,
+        run_pids: frozenset[int] = frozenset(),
+    ) -> None:
+        if self.unchanged(top, training, own_pid, run_pids):
+            return
+        self.top, self.own_pid, self.run_pids = top, own_pid, run_pids
+        self.worker_pids = frozenset(
+            p.pid for p in (training.processes if training else ()) if p.role == "worker"
+        )
+        self.set_border_title("Top processes · CPU % of one core, last interval")
+        self.changed()
+
+    def layout_key(self) -> bool:
+        return self.compact
+
+    def build(self, width: int) -> list[Text]:
+        if self.top is None:
+            return [
+                Text(
+                    "the node sampler does not report the busiest processes",
+                    self.style("panel--dim"),
+                )
+            ]
+        dim, label = self.style("panel--dim"), self.style("panel--label")
+        head = Text(f"{'pid':>7} {'cpu':>5} {'memory':>9}  {'':<{ROLE_WIDTH}}name", dim)
+        lines = [head]
+        rows = self.top[:SHORT_ROWS] if self.compact else self.top
+        for process in rows:
+            role = role_of(process, self.own_pid, self.worker_pids, self.run_pids)
+            line = Text(f"{process.pid:>7} ")
+            line.append(f"{fmt_pct(process.cpu_pct, compact=True):>5} ")
+            line.append(f"{fmt_bytes(process.rss_bytes):>9}  ")
+            line.append(
+                f"{('◆ ' + role) if role else '':<{ROLE_WIDTH}}", self.style("panel--accent")
+            )
+            line.append(process.name, label if role else None)
+            lines.append(line)
+        if len(rows) < len(self.top):
+            lines.append(
+                Text(f"+{len(self.top) - len(rows)} more (a taller terminal shows all)", dim)
+            )
+        return lines
