@@ -18,7 +18,6 @@ from typing import Any
 
 from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
 
-
 TOP_EVERY = 5  # samples between two walks of /proc for the process table
 
 
