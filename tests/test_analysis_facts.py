@@ -8,7 +8,7 @@ Every test here is one "Why" bullet of those issues and fails on the analyzer be
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +18,7 @@ from gputop_dl.probe.samples import (
     CpuSample,
     GpuSample,
     ProcessSample,
-    SystemSample,
+    TopProcess,
     TrainingProcesses,
 )
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
@@ -291,23 +291,6 @@ def test_headroom_is_bounded_by_what_one_more_worker_can_buy() -> None:
     assert "without any data wait ≈ 2133" in verdict.headroom
 
 
-@dataclass(frozen=True)
-class Top:
-    """A node's top CPU consumer, as SystemSample.top lists them (helper H11's TopProcess)."""
-
-    pid: int
-    ppid: int | None
-    name: str
-    cpu_pct: float | None
-    rss_bytes: int | None
-
-
-@dataclass(frozen=True)
-class SampleWithTop(SystemSample):
-    # SystemSample.top arrives with the process table (H11); the analyzer reads it by name.
-    top: tuple[Top, ...] | None = None
-
-
 def test_cpu_contention_names_the_top_other_consumers() -> None:
     procs = TrainingProcesses(
         (
@@ -319,15 +302,12 @@ def test_cpu_contention_names_the_top_other_consumers() -> None:
         worker_count=1,
     )
     top = (
-        Top(900, 1, "ffmpeg", 390.0, 1 << 28),
-        Top(100, 1, "python", 40.0, 1 << 30),  # the training itself: not "other"
-        Top(901, 1, "gzip", 150.0, 1 << 20),
+        TopProcess(900, 1, "ffmpeg", 390.0, 1 << 28),
+        TopProcess(100, 1, "python", 40.0, 1 << 30),  # the training itself: not "other"
+        TopProcess(901, 1, "gzip", 150.0, 1 << 20),
     )
     now = T0 + 10
-    samples = [
-        SampleWithTop(**vars(s), top=top)
-        for s in systems(now, cpu=cores(6, busy=99.0), procs=procs)
-    ]
+    samples = [replace(s, top=top) for s in systems(now, cpu=cores(6, busy=99.0), procs=procs)]
     info = LoaderInfo("torch.DataLoader", num_workers=1, worker_pids=(101,))
     steps = make_steps(wait=INPUT, start=now - 4.0)
     v = analyze(Window(now, steps, samples, with_facts(hello(), loader=info)))

@@ -4,7 +4,6 @@ boundary of every threshold, missing data, and the tracker's hysteresis over tim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -27,6 +26,7 @@ from gputop_dl.probe.samples import (
 )
 from gputop_dl.tui.analysis.causes import suggest_workers
 from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window, analyze
+from gputop_dl.tui.state.clean import evolve as replace
 
 T0 = 1_700_000_000.0
 HOST = "node1"

@@ -208,13 +208,13 @@ async def test_exited_shows_the_reason() -> None:
 async def test_incompatible_shows_both_versions() -> None:
     app, source, _ = make_app()
     async with app.run_test(size=NARROW) as pilot:
-        await feed(pilot, source, [incompatible(NOW - 1, theirs=(2, 0))])
+        await feed(pilot, source, [incompatible(NOW - 1, theirs=(3, 0))])
         header = text(app.query_one(HeaderBar))
-        assert "✖ incompatible: probe speaks protocol 2.0, gputop 1.0" in header
+        assert "✖ incompatible: probe speaks protocol 3.0, gputop 2.0" in header
         banner = app.query_one(Banner)
         assert banner.has_class("-critical")
         banner_text = text(banner)
-        assert "2.0" in banner_text and "1.0" in banner_text
+        assert "3.0" in banner_text and "2.0" in banner_text
         assert "pip install -U gputop-dl" in banner_text
         # The banner says it; the problems line does not repeat it.
         assert not app.query_one(StatusLine).display

@@ -176,7 +176,7 @@ def _others(samples: Sequence[SystemSample]) -> tuple[tuple[str, float], ...] | 
     newest sample with a process list (``SystemSample.top``); None: no sample has one."""
     for s in reversed(samples):
         # ``top`` is newer than some samplers: a sample without it has no process list.
-        top = getattr(s, "top", None)
+        top = s.top
         if top is None:
             continue
         own = {p.pid for p in _own(s)}
