@@ -255,6 +255,16 @@ def test_host_overhead_fires_when_the_device_keeps_catching_up() -> None:
     assert v.headroom == "if the host kept the device busy: at most ≈ 533 samples/s, +67 %"
 
 
+def test_caught_up_on_a_busy_device_is_a_per_step_sync_not_host_overhead() -> None:
+    """loss.item() at the end of each step makes every step "caught up" even when the
+    device is the bottleneck: NVML showing the run's GPU busy rules host overhead out."""
+    h = with_facts(hello(), timing="cuda-events")
+    steps = make_steps(wait=0.001, device_s=0.06, caught_up=0.8)
+    assert analyze(window(steps, h=h, gpus=(gpu(util=35.0),))).kind == "host-overhead"
+    v = analyze(window(steps, h=h, gpus=(gpu(util=97.0),)))
+    assert v.kind != "host-overhead", v
+
+
 # --- issue 11: advice and headroom from the figures shown ----------------------------------
 
 

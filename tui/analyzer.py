@@ -55,6 +55,7 @@ from gputop_dl.tui.analysis.thresholds import (
     MIN_STEPS,
     MIN_SYSTEMS,
     OUTSIDE_SHOW_S,
+    OVERHEAD_MAX_UTIL_PCT,
     PCIE_RX_HIGH_BPS,
     PERSIST_S,
     PERSIST_UPDATES,
@@ -584,6 +585,13 @@ def _overhead(ctx: _Ctx) -> _Candidate | None:
     limit = CAUGHT_UP_EXIT if _held(ctx.previous, "host-overhead") else CAUGHT_UP_ENTER
     # Too few such steps, or most steps wait for data: the input verdict explains it.
     if share is None or n < MIN_STEPS or 2 * n < stats.timed_steps or share < limit:
+        return None
+    # A step that ends in a host sync (loss.item()) is "caught up" even when the device is
+    # the bottleneck: a device that NVML shows busy is not waiting for the host.
+    busy_devices = [
+        d for d in ctx.devices if d.util_pct is not None and d.util_pct >= OVERHEAD_MAX_UTIL_PCT
+    ]
+    if busy_devices:
         return None
     caught = round(share * n)
     evidence = [

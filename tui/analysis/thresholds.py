@@ -47,6 +47,9 @@ PCIE_RX_HIGH_BPS = 6e9  # half of PCIe 3.0 x16: copies dominate the link
 # steps with device timing. Below 40 % it clears (hysteresis).
 CAUGHT_UP_ENTER = 0.5
 CAUGHT_UP_EXIT = 0.4
+# NVML utilisation at or above which the device is busy, not waiting for the host: a
+# per-step sync (.item()) makes every step "caught up" on a device-bound run too.
+OVERHEAD_MAX_UTIL_PCT = 70.0
 SMALL_WAIT_SHARE = 0.05  # a step waiting under 5 % of its period for data is not input-bound
 
 # --- stall --------------------------------------------------------------------------------
