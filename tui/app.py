@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.driver import Driver
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer
@@ -62,6 +64,15 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
+def screenshot_dir() -> Path:
+    """Where ``s`` saves: $GPUTOP_SCREENSHOT_DIR, else $XDG_DATA_HOME/gputop/screenshots
+    (~/.local/share/gputop/screenshots), never the current directory (a repository)."""
+    if os.environ.get("GPUTOP_SCREENSHOT_DIR"):
+        return Path(os.environ["GPUTOP_SCREENSHOT_DIR"]).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(data) / "gputop" / "screenshots"
+
+
 class GputopApp(App[None]):
     """``source`` feeds the app; ``local_host`` is this machine's name (the host shown
     when no run is selected); ``clock`` returns Unix seconds."""
@@ -72,6 +83,7 @@ class GputopApp(App[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_COLUMNS, "-wide")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in top and htop
         Binding("p", "toggle_pause", "Pause"),
         Binding("tab", "next_run", "Next run", priority=True),
         Binding("shift+tab", "previous_run", "Prev run", show=False, priority=True),
@@ -114,6 +126,14 @@ class GputopApp(App[None]):
         self.memory = MemoryPanel(id="memory")
         self.disk = DiskPanel(id="disk")
         self.network = NetworkPanel(id="network")
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's own driver, guarded against end of input and exit signals."""
+        if sys.platform == "win32":
+            return super().get_driver_class()
+        from gputop_dl.tui.driver import GuardedDriver
+
+        return GuardedDriver
 
     # ---------------------------------------------------------------- layout
 
@@ -263,7 +283,9 @@ class GputopApp(App[None]):
 
     def action_save_screenshot(self) -> None:
         stamp = datetime.fromtimestamp(self.clock(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
-        path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=os.getcwd())
+        folder = screenshot_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=str(folder))
         self.notify(f"Screenshot saved: {Path(path).resolve()}", timeout=4)
 
     async def action_quit(self) -> None:

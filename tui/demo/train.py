@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -184,6 +187,23 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader[Any], 
     return loader, cnn(16, 3)
 
 
+def _stop(sig: int, _frame: object) -> None:
+    raise SystemExit(128 + sig)
+
+
+def _exit_with_parent() -> None:
+    """Stop (as on SIGTERM) when the parent is gone, even killed with -9: no orphan
+    training keeps publishing."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,7 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-seconds", type=float, default=3600.0, help="stall: length of the hang")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--result", help="write {steps, samples, seconds} as JSON here at the end")
+    ap.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one ends (gputop demo sets it)",
+    )
     args = ap.parse_args(argv)
+    launched = time.monotonic()  # --duration counts from here: data preparation included
+    # SIGTERM/SIGHUP end the training like Ctrl-C: the probe closes and removes its socket.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    if args.exit_with_parent:
+        _exit_with_parent()
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -223,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
             steps += 1
             samples += x.shape[0]
             elapsed = time.perf_counter() - start
+            left = args.duration - (time.monotonic() - launched) if args.duration else math.inf
             if args.scenario == "stall" and not stalled and elapsed > args.stall_after:
                 stalled = True
-                time.sleep(args.stall_seconds)  # a hung collective, by construction
-            if (args.duration and elapsed >= args.duration) or (args.steps and steps >= args.steps):
+                time.sleep(max(0.0, min(args.stall_seconds, left)))  # a hung collective
+                left = args.duration - (time.monotonic() - launched) if args.duration else left
+            if left <= 0 or (args.steps and steps >= args.steps):
                 done = True
                 break
     seconds = time.perf_counter() - start
