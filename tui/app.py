@@ -101,7 +101,9 @@ class GputopApp(App[None]):
         clock: Callable[[], float] = time.time,
         history_s: float = 300.0,
     ) -> None:
-        super().__init__()
+        # NO_COLOR (no-color.org): Textual's own answer is grey 24-bit colour; native ANSI
+        # mode makes it drop colour altogether.
+        super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
         self.source = source
         self.local_host = local_host
         self.refresh_hz = refresh_hz

@@ -201,6 +201,9 @@ def run_app(
     source: Any, refresh_hz: float = 2.0, *, on_start: Callable[[Any], None] | None = None
 ) -> int:
     """Run the viewer until it is quit; its exit status (128+n after signal n)."""
+    if os.environ.get("TERM", "").lower() in ("dumb", "unknown"):
+        # Such a terminal shows no colour; Textual would still send 24-bit colour codes.
+        os.environ.setdefault("NO_COLOR", "1")
     from gputop_dl.tui.app import GputopApp
 
     app = GputopApp(source, local_host=socket.gethostname(), refresh_hz=refresh_hz)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from PIL import Image
 from torch import nn
@@ -226,12 +227,28 @@ def main(argv: list[str] | None = None) -> int:
         help="stop when the process that started this one ends (gputop demo sets it)",
     )
     args = ap.parse_args(argv)
-    launched = time.monotonic()  # --duration counts from here: data preparation included
+    # --duration counts from the process's start: imports and data preparation included.
+    launched = psutil.Process().create_time()
     # SIGTERM/SIGHUP end the training like Ctrl-C: the probe closes and removes its socket.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
     if args.exit_with_parent:
         _exit_with_parent()
+    try:
+        return _train(args, launched)
+    finally:
+        _remove_own_socket()
+
+
+def _remove_own_socket() -> None:
+    """The probe removes the socket it names itself, not one given in $GPUTOP_LISTEN;
+    a stale one would tell later viewers that something is there."""
+    listen = os.environ.get("GPUTOP_LISTEN", "")
+    if listen.startswith("ipc://"):
+        Path(listen.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+def _train(args: argparse.Namespace, launched: float) -> int:
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -254,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             steps += 1
             samples += x.shape[0]
             elapsed = time.perf_counter() - start
-            left = args.duration - (time.monotonic() - launched) if args.duration else math.inf
+            left = args.duration - (time.time() - launched) if args.duration else math.inf
             if args.scenario == "stall" and not stalled and elapsed > args.stall_after:
                 stalled = True
                 time.sleep(max(0.0, min(args.stall_seconds, left)))  # a hung collective
-                left = args.duration - (time.monotonic() - launched) if args.duration else left
+                left = args.duration - (time.time() - launched) if args.duration else left
             if left <= 0 or (args.steps and steps >= args.steps):
                 done = True
                 break
