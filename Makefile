@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench screenshots clean
+.PHONY: help demo test lint bench screenshots wheel-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
 	$(BIN)/python tools/screenshots.py screenshots
+
+wheel-check: $(STAMP)  ## build the wheel; install it (not editable) in clean venvs, full and probe-only
+	$(BIN)/python .ci/wheel_check.py
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
