@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -50,6 +51,10 @@ VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
 NO_TTY_HINT = (
     "run it in a terminal (over SSH: ssh -t HOST gputop), or print the same verdict "
     "without one: gputop snapshot"
+)
+NO_TTY_DEMO_HINT = (
+    "run it in a terminal (over SSH: ssh -t HOST gputop demo), or print the verdicts "
+    "without one: gputop demo --no-tui"
 )
 
 
@@ -177,7 +182,7 @@ def cmd_view(argv: list[str]) -> int:
     return run_app(source, args.refresh)
 
 
-def viewer_unavailable() -> str | None:
+def viewer_unavailable(hint: str = NO_TTY_HINT) -> str | None:
     """Why the TUI cannot start here (no Textual, no terminal), or None."""
     try:
         import textual  # noqa: F401
@@ -189,7 +194,7 @@ def viewer_unavailable() -> str | None:
         except (OSError, ValueError):  # closed, or not a real file
             tty = False
         if not tty:
-            return f"the viewer needs a terminal, and its {name} is not one; {NO_TTY_HINT}"
+            return f"the viewer needs a terminal, and its {name} is not one; {hint}"
     return None
 
 
@@ -258,12 +263,10 @@ def cmd_demo(argv: list[str]) -> int:
         "--no-tui", action="store_true", help="print a snapshot every few seconds instead"
     )
     args = ap.parse_args(argv)
-    if not args.no_tui and (problem := viewer_unavailable()) is not None:
+    if not args.no_tui and (problem := viewer_unavailable(NO_TTY_DEMO_HINT)) is not None:
         _error("gputop demo", problem if problem != VIEWER_INSTALL else DEMO_INSTALL)
         return EXIT_USAGE
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:  # found, not imported: seconds saved
         _error("gputop demo", f"{DEMO_INSTALL} (or run make demo)")
         return EXIT_USAGE
     with stop_on_signals(signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
@@ -274,24 +277,27 @@ def cmd_demo(argv: list[str]) -> int:
 
 
 DEMO_INSTALL = "the demo needs PyTorch and the viewer: pip install 'gputop-dl[demo]'"
-DEMO_GRACE_S = 15.0  # after --duration, how long the child may take to stop by itself
+DEMO_GRACE_S = 5.0  # after --duration, how long the child may take to stop by itself
 
 
 def _run_demo(scenario: str, duration: float, *, tui: bool) -> int:
+    # The demo ends at --duration (+ grace) whatever the child does.
+    deadline = time.monotonic() + duration + DEMO_GRACE_S if duration else math.inf
     child, endpoint, log_path = start_demo(scenario, duration)
     print(f"demo: training pid {child.pid}, log {log_path}", file=sys.stderr)
     ended = threading.Event()
     try:
         if not tui:
-            return _print_live(child, [endpoint], duration)
+            return _print_live(child, [endpoint], deadline)
         from gputop_dl.tui.source import ZmqSource
 
         def watch_child(app: Any) -> None:
             """The demo ends with its training: at --duration, or if the child dies."""
 
             def wait() -> None:
+                left = deadline - time.monotonic()
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.wait(timeout=duration + DEMO_GRACE_S if duration else None)
+                    child.wait(timeout=max(0.0, left) if duration else None)
                 if not ended.is_set():
                     with contextlib.suppress(Exception):
                         app.call_from_thread(app.exit)
@@ -352,16 +358,15 @@ def stop_child(child: subprocess.Popen[bytes]) -> None:
             child.wait()
 
 
-def _print_live(child: subprocess.Popen[bytes], targets: list[str], duration: float) -> int:
+def _print_live(child: subprocess.Popen[bytes], targets: list[str], deadline: float) -> int:
     from gputop_dl.tui.snapshot import Collector, render_text
 
-    deadline = time.monotonic() + duration + DEMO_GRACE_S if duration else math.inf
     collector = Collector(targets, local_sampler=False)
     collector.start()
     try:
         while child.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=3.0)
+                child.wait(timeout=max(0.0, min(3.0, deadline - time.monotonic())))
             print(render_text(collector.snapshot()), flush=True)
     finally:
         collector.stop()

@@ -14,6 +14,7 @@ Scenarios set the truth by construction:
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import io
 import json
@@ -234,10 +235,27 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _stop)
     if args.exit_with_parent:
         _exit_with_parent()
+    if args.duration:
+        # The loop checks the deadline after each step; this cuts a step (or the imports
+        # and data preparation) that would run past it.
+        _interrupt_at(launched + args.duration + DEADLINE_GRACE_S)
     try:
         return _train(args, launched)
+    except KeyboardInterrupt:
+        return 0 if args.duration and time.time() >= launched + args.duration else 130
     finally:
         _remove_own_socket()
+
+
+DEADLINE_GRACE_S = 2.0
+
+
+def _interrupt_at(deadline: float) -> None:
+    def interrupt() -> None:
+        time.sleep(max(0.0, deadline - time.time()))
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, name="demo-deadline", daemon=True).start()
 
 
 def _remove_own_socket() -> None:
