@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pty
 import re
 import select
 import signal
@@ -302,3 +303,29 @@ def test_s_saves_the_screenshot_in_the_documented_folder(
     assert v.wait_exit(EXIT_BOUND_S) == 0
     assert [p.suffix for p in (tmp_path / "shots").iterdir()] == [".svg"]
     assert list(cwd.iterdir()) == []
+
+
+def test_a_real_hang_up_of_the_controlling_terminal_ends_the_viewer() -> None:
+    """The terminal closes (ssh dies with SIGHUP): the kernel's SIGHUP ends it, 129."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child: session leader, the pty is its controlling terminal
+        os.execv(sys.executable, [*ENTRY, "--no-local"])
+    try:
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        output, end = b"", time.monotonic() + START_TIMEOUT_S
+        while b"Screenshot" not in output and time.monotonic() < end:
+            if select.select([master], [], [], 0.1)[0]:
+                output += os.read(master, 65536)
+        assert b"Screenshot" in output
+    finally:
+        os.close(master)
+    end = time.monotonic() + EXIT_BOUND_S
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"still running {EXIT_BOUND_S} s after its terminal hung up")
