@@ -295,18 +295,19 @@ def wait_for_socket(runtime: Path, within: float = 90) -> Path:
 
 @pytest.mark.e2e
 def test_stall_scenario_honours_duration() -> None:
-    """The hang is cut at --duration (it used to sleep an hour past it)."""
+    """The hang is cut at --duration, counted from the process's start (it used to sleep
+    an hour past it); a step or import still running then is interrupted."""
     started = time.monotonic()
     out = subprocess.run(
         [*TRAIN, "--scenario", "stall", "--duration", "8", "--stall-after", "0.5"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=90,  # the hang is 3600 s long: only the deadline ends it in time
         env={**os.environ, "GPUTOP_DISABLE": "1"},
     )
     assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
     print(f"stall demo with --duration 8 took {time.monotonic() - started:.1f} s")
-    assert "steps" in out.stderr
 
 
 @pytest.mark.e2e
