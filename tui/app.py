@@ -286,8 +286,12 @@ class GputopApp(App[None]):
     def action_save_screenshot(self) -> None:
         stamp = datetime.fromtimestamp(self.clock(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
         folder = screenshot_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=str(folder))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=str(folder))
+        except OSError as exc:
+            self.notify(f"Screenshot not saved: {exc}", severity="error", timeout=6)
+            return
         self.notify(f"Screenshot saved: {Path(path).resolve()}", timeout=4)
 
     async def action_quit(self) -> None:
