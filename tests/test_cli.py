@@ -150,8 +150,8 @@ def test_help_documents_exit_status_and_ranges() -> None:
         out = gputop(*args)
         assert out.returncode == 0
         text = " ".join(out.stdout.split())
-        assert "0 a run found" in text and "1 no run reachable" in text
-        assert "2 usage error" in text and "128+n" in text
+        assert "0 a run was found" in text and "1 no run reachable" in text
+        assert "2 usage error" in text and "128+n stopped by signal n" in text
     assert "0.1 to 10" in " ".join(gputop("--help").stdout.split())
 
 

@@ -39,12 +39,23 @@ INSTRUMENT_HINT = (
     "from gputop_dl import probe; for batch in probe.watch(loader): ..."
 )
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
-EXIT_CODES = (
-    "exit status: 0 a run found (snapshot) or the viewer quit; 1 no run reachable "
-    "(nothing listens, no such socket, no run found, agent could not bind); 2 usage error "
-    "(bad arguments, no terminal, viewer not installed); 128+n stopped by signal n "
-    "(129 SIGHUP, 130 SIGINT, 141 closed pipe, 143 SIGTERM)"
-)
+EXIT_CODES = """exit status:
+  0      a run was found (snapshot), or the viewer was quit
+  1      no run reachable: nothing listens on the endpoint, no such socket,
+         no run found (snapshot, list), the agent could not bind
+  2      usage error: bad arguments, no terminal for the viewer, viewer not installed
+  128+n  stopped by signal n: 129 SIGHUP, 130 SIGINT, 141 closed pipe, 143 SIGTERM"""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual, keeps the line breaks of texts that have them."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
 REFRESH_HZ = (0.1, 10.0)  # the viewer's refresh rate range, per second
 WAIT_S = (0.1, 3600.0)  # snapshot --wait range, seconds
 VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
@@ -140,9 +151,11 @@ def reachable(command: str, targets: list[str]) -> list[str]:
 def view_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gputop",
+        formatter_class=HelpFormatter,
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
-        epilog=f"commands: gputop demo | agent | snapshot | list  (each has --help). {EXIT_CODES}",
+        epilog="commands: gputop demo | agent | snapshot | list  (each has --help)\n\n"
+        + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",
@@ -250,6 +263,7 @@ def cmd_demo(argv: list[str]) -> int:
         "probe, and watch it in gputop. The training stops, and its socket is removed, "
         "whenever the demo ends.",
         epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument("--scenario", choices=SCENARIOS, default="input-bound")
     ap.add_argument(
@@ -381,6 +395,7 @@ def cmd_agent(argv: list[str]) -> int:
         "with no training process, for remote viewers or unmodified jobs. Runs until "
         "SIGINT, SIGTERM or SIGHUP.",
         epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument(
         "--listen",
@@ -452,6 +467,7 @@ def cmd_snapshot(argv: list[str]) -> int:
         "verdict. For scripts, CI and terminals without a TUI. With no ENDPOINT, every "
         "probe on this host.",
         epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument(
         "endpoints",
@@ -495,6 +511,7 @@ def cmd_list(argv: list[str]) -> int:
         prog="gputop list",
         description="List the probes and agents on this host.",
         epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     ).parse_args(argv)
     records = discovery.discover()
     if not records:
