@@ -136,7 +136,8 @@ def _error(command: str, text: str) -> None:
 
 
 def reachable(command: str, targets: list[str]) -> list[str]:
-    """The endpoints something listens on; each other one is reported on stderr."""
+    """The endpoints something listens on; each other one is reported on stderr (and
+    left out: the others are still watched)."""
     ok = []
     for endpoint in targets:
         why = endpoints.unreachable(endpoint)
@@ -183,14 +184,18 @@ def cmd_view(argv: list[str]) -> int:
     if (problem := viewer_unavailable()) is not None:
         _error("gputop", problem)
         return EXIT_USAGE
-    if args.endpoints and not reachable("gputop", args.endpoints):
-        return EXIT_NO_RUN
+    targets = args.endpoints
+    if targets:
+        # Refused at start: ZeroMQ would wait on these for ever, silently.
+        targets = reachable("gputop", targets)
+        if not targets:
+            return EXIT_NO_RUN
     from gputop_dl.tui.source import ZmqSource
 
     source = ZmqSource(
-        args.endpoints,
-        discover=not args.endpoints,
-        local_sampler=not args.no_local and not _only_remote(args.endpoints),
+        targets,
+        discover=not targets,
+        local_sampler=not args.no_local and not _only_remote(targets),
     )
     return run_app(source, args.refresh)
 
