@@ -23,6 +23,7 @@ from gputop_dl.tui.cli import in_range
 
 ENTRY = [sys.executable, "-m", "gputop_dl"]
 TRAIN = [sys.executable, "-m", "gputop_dl.tui.demo.train"]
+ORPHAN_BOUND_S = 30.0  # generous: worker shutdown on a loaded 2-core machine
 
 
 def gputop(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -317,7 +318,7 @@ def test_demo_duration_ends_the_demo_and_leaves_nothing(
     proc, child = start_no_tui_demo("--scenario", "input-bound", "--duration", "6")
     children.append(child)
     assert proc.wait(timeout=120) == 0
-    assert gone(child, 10)
+    assert gone(child, ORPHAN_BOUND_S)
     assert demo_sockets(runtime_dir) == []
 
 
@@ -335,7 +336,7 @@ def test_a_signalled_demo_stops_its_training_and_removes_its_socket(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert gone(child, 10), "the training child outlived the demo"
+    assert gone(child, ORPHAN_BOUND_S), "the training child outlived the demo"
     assert not sock.exists()
 
 
@@ -348,5 +349,8 @@ def test_a_demo_killed_with_9_does_not_leave_its_training_publishing(
     sock = wait_for_socket(runtime_dir)
     proc.kill()
     proc.wait()
-    assert gone(child, 10), "orphaned training still running"
+    killed = time.monotonic()
+    # it notices within 0.5 s, then stops its DataLoader workers: ~3 s here, unloaded
+    assert gone(child, ORPHAN_BOUND_S), "orphaned training still running"
+    print(f"training stopped {time.monotonic() - killed:.1f} s after its demo was killed")
     assert not sock.exists()

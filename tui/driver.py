@@ -42,7 +42,6 @@ INPUT_ENDED = 0  # exit status when the terminal's input ends (a clean stop, not
 class GuardedDriver(LinuxDriver):
     """LinuxDriver that stops reading at end of input and exits on SIGTERM/SIGHUP/SIGINT."""
 
-    input_ended = False
     exit_signal: int | None = None
     _previous_handlers: dict[int, Any]
 
@@ -103,7 +102,6 @@ class GuardedDriver(LinuxDriver):
 
     def _end_of_input(self) -> None:
         """Called on the input thread: nobody can type any more, so exit (never block)."""
-        self.input_ended = True
         self._loop.call_soon_threadsafe(self._app.exit, None, INPUT_ENDED)
 
 

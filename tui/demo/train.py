@@ -189,8 +189,23 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader[Any], 
     return loader, cnn(16, 3)
 
 
+_stop_signals: list[int] = []  # also checked after each step: see _stop
+
+
 def _stop(sig: int, _frame: object) -> None:
+    # Raised wherever the main thread is; Python drops an exception raised inside some
+    # callbacks (an at-fork hook while the DataLoader starts its workers), so the loop
+    # also checks the flag.
+    _stop_signals.append(sig)
     raise SystemExit(128 + sig)
+
+
+def _check_stop() -> None:
+    if _stop_signals:
+        raise SystemExit(128 + _stop_signals[0])
+
+
+ORPHAN_GRACE_S = 20.0
 
 
 def _exit_with_parent() -> None:
@@ -202,6 +217,9 @@ def _exit_with_parent() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)  # a clean stop takes a few seconds; this one did not
+        _remove_own_socket()
+        os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
 
@@ -288,10 +306,12 @@ def _train(args: argparse.Namespace, launched: float) -> int:
             opt.step()
             steps += 1
             samples += x.shape[0]
+            _check_stop()
             elapsed = time.perf_counter() - start
             left = args.duration - (time.time() - launched) if args.duration else math.inf
             if args.scenario == "stall" and not stalled and elapsed > args.stall_after:
                 stalled = True
+                _check_stop()
                 time.sleep(max(0.0, min(args.stall_seconds, left)))  # a hung collective
                 left = args.duration - (time.time() - launched) if args.duration else left
             if left <= 0 or (args.steps and steps >= args.steps):
