@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench fuzz screenshots clean
+.PHONY: help demo test lint bench fuzz screenshots wheel-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[demo,dev,frameworks]'
 	touch $(STAMP)
 
-demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced)
+demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced|disk-bound|stall)
 	$(BIN)/gputop demo --scenario $(or $(SCENARIO),input-bound)
 
 test: $(STAMP)  ## run the whole test suite
@@ -34,14 +34,21 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/probe_overhead.py
 	$(BIN)/python bench/sampler_cost.py
 	$(BIN)/python bench/accel_cost.py
+	$(BIN)/python bench/wire_size.py
+	$(BIN)/python bench/viewer_ingest.py
 	$(BIN)/python bench/demo_throughput.py
+	$(BIN)/python bench/frameworks_throughput.py
 	$(BIN)/python bench/viewer_cpu.py
+	$(BIN)/python bench/viewer_flood.py
 
 fuzz: $(STAMP)  ## decode 1,000,000 mutated protocol payloads (fixed seed): only protocol errors
 	GPUTOP_FUZZ_N=1000000 $(BIN)/pytest -q tests/test_protocol.py -k mutated
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
 	$(BIN)/python tools/screenshots.py screenshots
+
+wheel-check: $(STAMP)  ## build the wheel; install it (not editable) in clean venvs, full and probe-only
+	$(BIN)/python .ci/wheel_check.py
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

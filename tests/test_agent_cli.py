@@ -86,7 +86,7 @@ def test_agent_publishes_host_samples_and_says_why_accelerators_are_absent() -> 
     assert reader.of_kind("bye")  # a clean stop says goodbye
 
 
-def test_agent_on_a_port_in_use_says_so_and_exits_1() -> None:
+def test_agent_on_a_port_in_use_says_it_could_not_bind_and_exits_1() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -94,7 +94,8 @@ def test_agent_on_a_port_in_use_says_so_and_exits_1() -> None:
         agent = start_agent(f"tcp://127.0.0.1:{port}")
         _, err = agent.communicate(timeout=30)
     assert agent.returncode == 1
-    assert "Address already in use" in err
+    assert "Address already in use" in err and "could not start" in err
+    assert "Training continues" not in err  # the probe's message, wrong for an agent
 
 
 def test_hung_hlsmi_never_delays_host_samples() -> None:
@@ -156,7 +157,7 @@ def test_eight_fake_gpus_and_hpus_come_through_with_units(monkeypatch: pytest.Mo
     assert statuses["nvml"]["ok"] and statuses["hl-smi"]["ok"]
 
 
-def test_snapshot_with_nothing_running_explains_and_exits_0() -> None:
+def test_snapshot_with_nothing_running_explains_and_exits_1() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "gputop_dl", "snapshot", "--wait", "2.5"],
         capture_output=True,
@@ -164,7 +165,7 @@ def test_snapshot_with_nothing_running_explains_and_exits_0() -> None:
         timeout=60,
         env={**os.environ, "PATH": path_without_hlsmi()},
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # no run reachable
     assert "no training run found" in out.stdout
     assert "from gputop_dl import probe" in out.stdout
     assert "nvml: NVML library not found" in out.stdout  # the host part came from the local sampler

@@ -297,7 +297,7 @@ async def test_help_screen_explains_panels_and_verdicts() -> None:
 
 
 async def test_s_saves_a_screenshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUTOP_SCREENSHOT_DIR", str(tmp_path))  # not the current directory
     app, source, _ = make_app()
     async with app.run_test(size=NARROW) as pilot:
         await feed(pilot, source, live_run(NOW))

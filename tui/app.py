@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.driver import Driver
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer, Static
@@ -70,6 +72,15 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
+def screenshot_dir() -> Path:
+    """Where ``s`` saves: $GPUTOP_SCREENSHOT_DIR, else $XDG_DATA_HOME/gputop/screenshots
+    (~/.local/share/gputop/screenshots), never the current directory (a repository)."""
+    if os.environ.get("GPUTOP_SCREENSHOT_DIR"):
+        return Path(os.environ["GPUTOP_SCREENSHOT_DIR"]).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(data) / "gputop" / "screenshots"
+
+
 class GputopApp(App[None]):
     """``source`` feeds the app; ``local_host`` is this machine's name (the host shown
     when no run is selected); ``clock`` returns Unix seconds."""
@@ -81,6 +92,7 @@ class GputopApp(App[None]):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_ROWS, "-tall")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),  # as in top and htop
         Binding("p", "toggle_pause", "Pause"),
         Binding("tab", "next_run", "Next run", priority=True),
         Binding("shift+tab", "previous_run", "Prev run", show=False, priority=True),
@@ -101,7 +113,9 @@ class GputopApp(App[None]):
         clock: Callable[[], float] = time.time,
         history_s: float = 300.0,
     ) -> None:
-        super().__init__()
+        # NO_COLOR (no-color.org): Textual's own answer is grey 24-bit colour; native ANSI
+        # mode makes it drop colour altogether.
+        super().__init__(ansi_color=True if "NO_COLOR" in os.environ else None)
         self.source = source
         self.local_host = local_host
         self.refresh_hz = refresh_hz
@@ -132,6 +146,14 @@ class GputopApp(App[None]):
         self.top_toggled = False  # `t` flips the default (shown on a tall or wide screen)
         self._panels_room: int | None = None  # rows the panels may take (short screens)
         self._more_text = ""
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's own driver, guarded against end of input and exit signals."""
+        if sys.platform == "win32":
+            return super().get_driver_class()
+        from gputop_dl.tui.driver import GuardedDriver
+
+        return GuardedDriver
 
     # ---------------------------------------------------------------- layout
 
@@ -367,7 +389,13 @@ class GputopApp(App[None]):
 
     def action_save_screenshot(self) -> None:
         stamp = datetime.fromtimestamp(self.clock(), tz=timezone.utc).strftime("%Y%m%d-%H%M%S")
-        path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=os.getcwd())
+        folder = screenshot_dir()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = self.save_screenshot(filename=f"gputop-{stamp}.svg", path=str(folder))
+        except OSError as exc:
+            self.notify(f"Screenshot not saved: {exc}", severity="error", timeout=6)
+            return
         self.notify(f"Screenshot saved: {Path(path).resolve()}", timeout=4)
 
     async def action_quit(self) -> None:

@@ -1,9 +1,21 @@
-"""``gputop`` command line: the viewer, and the demo, agent, snapshot and list commands."""
+"""``gputop`` command line: the viewer, and the demo, agent, snapshot and list commands.
+
+Exit status, kept as UNIX tools keep theirs (scripts may rely on it):
+0 a run was found (``snapshot``) or the viewer was quit; 1 no run reachable (an endpoint
+that nothing listens on, a socket that does not exist, ``snapshot`` that found no run, an
+agent that could not bind); 2 a usage error (bad arguments, no terminal for the viewer,
+the viewer not installed); 128+n stopped by signal n (129 SIGHUP, 130 SIGINT, 143
+SIGTERM, 141 a closed pipe).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
+import logging
+import math
 import os
 import signal
 import socket
@@ -12,12 +24,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
+from gputop_dl.tui import endpoints
 
 COMMANDS = ("demo", "agent", "snapshot", "list")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
@@ -25,37 +38,139 @@ INSTRUMENT_HINT = (
     "instrument a training script with: "
     "from gputop_dl import probe; for batch in probe.watch(loader): ..."
 )
+EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
+EXIT_CODES = """exit status:
+  0      a run was found (snapshot), or the viewer was quit
+  1      no run reachable: nothing listens on the endpoint, no such socket,
+         no run found (snapshot, list), the agent could not bind
+  2      usage error: bad arguments, no terminal for the viewer, viewer not installed
+  128+n  stopped by signal n: 129 SIGHUP, 130 SIGINT, 141 closed pipe, 143 SIGTERM"""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual, keeps the line breaks of texts that have them."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+REFRESH_HZ = (0.1, 10.0)  # the viewer's refresh rate range, per second
+WAIT_S = (0.1, 3600.0)  # snapshot --wait range, seconds
+VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
+NO_TTY_HINT = (
+    "run it in a terminal (over SSH: ssh -t HOST gputop), or print the same verdict "
+    "without one: gputop snapshot"
+)
+NO_TTY_DEMO_HINT = (
+    "run it in a terminal (over SSH: ssh -t HOST gputop demo), or print the verdicts "
+    "without one: gputop demo --no-tui"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in COMMANDS:
-        command, rest = args[0], args[1:]
-        handler = {"demo": cmd_demo, "agent": cmd_agent, "snapshot": cmd_snapshot, "list": cmd_list}
-        return handler[command](rest)
-    return cmd_view(args)
+    try:
+        if args and args[0] in COMMANDS:
+            command, rest = args[0], args[1:]
+            handler = {
+                "demo": cmd_demo,
+                "agent": cmd_agent,
+                "snapshot": cmd_snapshot,
+                "list": cmd_list,
+            }
+            return handler[command](rest)
+        return cmd_view(args)
+    except BrokenPipeError:
+        # The reader went away (``gputop snapshot | head -1``): end quietly, as a UNIX
+        # tool killed by SIGPIPE would, and keep Python from complaining at exit.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+# ------------------------------------------------------------- argument types
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def in_range(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number from ``low`` to ``high`` (above ``low`` if open)."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if value < low or value > high or (low_open and value == low):
+            bound = f"above {low:g}" if low_open else f"from {low:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {bound} to {high:g}")
+        return value
+
+    return parse
+
+
+def endpoint_arg(text: str) -> str:
+    try:
+        return endpoints.parse(text)
+    except endpoints.EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def listen_arg(text: str) -> str:
+    try:
+        return endpoints.parse(text, listen=True)
+    except endpoints.EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _error(command: str, text: str) -> None:
+    print(f"{command}: {text}", file=sys.stderr)
+
+
+def reachable(command: str, targets: list[str]) -> list[str]:
+    """The endpoints something listens on; each other one is reported on stderr (and
+    left out: the others are still watched)."""
+    ok = []
+    for endpoint in targets:
+        why = endpoints.unreachable(endpoint)
+        if why is None:
+            ok.append(endpoint)
+        else:
+            _error(command, why)
+    return ok
 
 
 # ------------------------------------------------------------------------ viewer
 def view_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="gputop",
+        formatter_class=HelpFormatter,
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
-        epilog="commands: gputop demo | agent | snapshot | list  (each has --help)",
+        epilog="commands: gputop demo | agent | snapshot | list  (each has --help)\n\n"
+        + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",
         nargs="*",
+        type=endpoint_arg,
         metavar="ENDPOINT",
         help="probe or agent to attach to: ipc://PATH or tcp://HOST:PORT",
     )
     ap.add_argument(
         "--refresh",
-        type=float,
+        type=in_range(*REFRESH_HZ),
         default=2.0,
         metavar="HZ",
-        help="screen refreshes per second (default 2)",
+        help=f"screen refreshes per second, {REFRESH_HZ[0]:g} to {REFRESH_HZ[1]:g} (default 2)",
     )
     ap.add_argument(
         "--no-local", action="store_true", help="do not sample this host when no probe does"
@@ -66,60 +181,167 @@ def view_parser() -> argparse.ArgumentParser:
 
 def cmd_view(argv: list[str]) -> int:
     args = view_parser().parse_args(argv)
+    if (problem := viewer_unavailable()) is not None:
+        _error("gputop", problem)
+        return EXIT_USAGE
+    targets = args.endpoints
+    if targets:
+        # Refused at start: ZeroMQ would wait on these for ever, silently.
+        targets = reachable("gputop", targets)
+        if not targets:
+            return EXIT_NO_RUN
     from gputop_dl.tui.source import ZmqSource
 
     source = ZmqSource(
-        args.endpoints,
-        discover=not args.endpoints,
-        local_sampler=not args.no_local and not _only_remote(args.endpoints),
+        targets,
+        discover=not targets,
+        local_sampler=not args.no_local and not _only_remote(targets),
     )
     return run_app(source, args.refresh)
 
 
-def _only_remote(endpoints: list[str]) -> bool:
-    return bool(endpoints) and all(e.startswith("tcp://") for e in endpoints)
+def viewer_unavailable(hint: str = NO_TTY_HINT) -> str | None:
+    """Why the TUI cannot start here (no Textual, no terminal), or None."""
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        return VIEWER_INSTALL
+    for name, stream in (("input", sys.stdin), ("output", sys.stdout), ("output", sys.stderr)):
+        try:
+            tty = stream is not None and os.isatty(stream.fileno())
+        except (OSError, ValueError):  # closed, or not a real file
+            tty = False
+        if not tty:
+            return f"the viewer needs a terminal, and its {name} is not one; {hint}"
+    return None
 
 
-def run_app(source: Any, refresh_hz: float = 2.0) -> int:
+def _only_remote(targets: list[str]) -> bool:
+    return bool(targets) and all(e.startswith("tcp://") for e in targets)
+
+
+def run_app(
+    source: Any, refresh_hz: float = 2.0, *, on_start: Callable[[Any], None] | None = None
+) -> int:
+    """Run the viewer until it is quit; its exit status (128+n after signal n)."""
+    if os.environ.get("TERM", "").lower() in ("dumb", "unknown"):
+        # Such a terminal shows no colour; Textual would still send 24-bit colour codes.
+        os.environ.setdefault("NO_COLOR", "1")
     from gputop_dl.tui.app import GputopApp
 
-    GputopApp(source, local_host=socket.gethostname(), refresh_hz=refresh_hz).run()
-    return 0
+    app = GputopApp(source, local_host=socket.gethostname(), refresh_hz=refresh_hz)
+    if on_start is not None:
+        on_start(app)
+    app.run()
+    return app.return_code or EXIT_OK
 
 
 # -------------------------------------------------------------------------- demo
+class Stopped(Exception):
+    """A signal asked this process to stop; ``code`` is its exit status, 128+n."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(signal.Signals(sig).name)
+        self.code = 128 + sig
+
+
+@contextlib.contextmanager
+def stop_on_signals(*signals: int) -> Iterator[None]:
+    """Turn these signals into :class:`Stopped` in the main thread, so ``finally`` blocks
+    (stopping the demo's child, removing its socket) run; the old handlers come back."""
+
+    def raise_stopped(sig: int, _frame: Any) -> None:
+        raise Stopped(sig)
+
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def cmd_demo(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="gputop demo",
         description="Train a small CNN on the CPU (real PyTorch, synthetic JPEGs) with the "
-        "probe, and watch it in gputop.",
+        "probe, and watch it in gputop. The training stops, and its socket is removed, "
+        "whenever the demo ends.",
+        epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument("--scenario", choices=SCENARIOS, default="input-bound")
     ap.add_argument(
-        "--duration", type=float, default=0.0, help="seconds to train (0: until you quit)"
+        "--duration",
+        type=in_range(0.0, 7 * 24 * 3600.0),
+        default=0.0,
+        help="seconds the demo runs, data preparation included; then the training stops "
+        "and the demo ends (0: until you quit)",
     )
     ap.add_argument(
         "--no-tui", action="store_true", help="print a snapshot every few seconds instead"
     )
     args = ap.parse_args(argv)
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        print(
-            "gputop demo needs PyTorch: pip install 'gputop-dl[demo]' (or run make demo)",
-            file=sys.stderr,
-        )
-        return 2
-    child, endpoint, log_path = start_demo(args.scenario, args.duration)
+    if not args.no_tui and (problem := viewer_unavailable(NO_TTY_DEMO_HINT)) is not None:
+        _error("gputop demo", problem if problem != VIEWER_INSTALL else DEMO_INSTALL)
+        return EXIT_USAGE
+    if importlib.util.find_spec("torch") is None:  # found, not imported: seconds saved
+        _error("gputop demo", f"{DEMO_INSTALL} (or run make demo)")
+        return EXIT_USAGE
+    with stop_on_signals(signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        try:
+            return _run_demo(args.scenario, args.duration, tui=not args.no_tui)
+        except Stopped as stop:
+            return stop.code
+
+
+DEMO_INSTALL = "the demo needs PyTorch and the viewer: pip install 'gputop-dl[demo]'"
+DEMO_GRACE_S = 5.0  # after --duration, how long the child may take to stop by itself
+
+
+def _run_demo(scenario: str, duration: float, *, tui: bool) -> int:
+    # The demo ends at --duration (+ grace) whatever the child does.
+    deadline = time.monotonic() + duration + DEMO_GRACE_S if duration else math.inf
+    child, endpoint, log_path = start_demo(scenario, duration)
     print(f"demo: training pid {child.pid}, log {log_path}", file=sys.stderr)
+    ended = threading.Event()
     try:
-        if args.no_tui:
-            return _print_live(child, [endpoint])
+        if not tui:
+            return _print_live(child, [endpoint], deadline)
         from gputop_dl.tui.source import ZmqSource
 
-        return run_app(ZmqSource([endpoint], discover=False, local_sampler=False))
+        def watch_child(app: Any) -> None:
+            """The demo ends with its training: at --duration, or if the child dies."""
+
+            def wait() -> None:
+                left = deadline - time.monotonic()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=max(0.0, left) if duration else None)
+                if not ended.is_set():
+                    with contextlib.suppress(Exception):
+                        app.call_from_thread(app.exit)
+
+            threading.Thread(target=wait, name="gputop-demo-child", daemon=True).start()
+
+        code = run_app(
+            ZmqSource([endpoint], discover=False, local_sampler=False), on_start=watch_child
+        )
+        if child.poll() not in (None, 0, -signal.SIGINT):
+            _error(
+                "gputop demo", f"the training ended with status {child.returncode}; see {log_path}"
+            )
+        return code
     finally:
+        ended.set()
         stop_child(child)
+        remove_socket(endpoint)
+
+
+def remove_socket(endpoint: str) -> None:
+    """The child removes its socket when it closes cleanly; not when it was killed."""
+    if endpoint.startswith("ipc://"):
+        with contextlib.suppress(OSError):
+            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
 
 
 def start_demo(
@@ -130,15 +352,18 @@ def start_demo(
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
     """Start the demo training as a child process publishing on a private endpoint.
 
+    The child stops by itself if this process dies (``--exit-with-parent``).
     ``launcher`` replaces ``python -m gputop_dl.tui.demo.train`` (the screenshots use it to run the
     training with simulated accelerators)."""
     endpoint = f"ipc://{discovery.runtime_dir()}/demo-{os.getpid()}-{scenario}.sock"
     log_path = Path(tempfile.gettempdir()) / f"gputop-demo-{os.getpid()}-{scenario}.log"
     env = {**os.environ, "GPUTOP_LISTEN": endpoint, "GPUTOP_NAME": f"demo {scenario}"}
     base = list(launcher) if launcher else [sys.executable, "-m", "gputop_dl.tui.demo.train"]
-    cmd = [*base, "--scenario", scenario, "--duration", str(duration), *extra]
+    cmd = [*base, "--scenario", scenario, "--duration", str(duration), "--exit-with-parent"]
     with open(log_path, "wb") as log:
-        child = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            [*cmd, *extra], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
     return child, endpoint, log_path
 
 
@@ -152,20 +377,19 @@ def stop_child(child: subprocess.Popen[bytes]) -> None:
             child.wait()
 
 
-def _print_live(child: subprocess.Popen[bytes], endpoints: list[str]) -> int:
+def _print_live(child: subprocess.Popen[bytes], targets: list[str], deadline: float) -> int:
     from gputop_dl.tui.snapshot import Collector, render_text
 
-    collector = Collector(endpoints, local_sampler=False)
+    collector = Collector(targets, local_sampler=False)
     collector.start()
     try:
-        while child.poll() is None:
-            time.sleep(3.0)
+        while child.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(0.0, min(3.0, deadline - time.monotonic())))
             print(render_text(collector.snapshot()), flush=True)
-    except KeyboardInterrupt:
-        pass
     finally:
         collector.stop()
-    return 0
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------------- agent
@@ -173,15 +397,24 @@ def cmd_agent(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="gputop agent",
         description="Publish this node's CPU, memory, disk, network, GPU and HPU samples "
-        "with no training process, for remote viewers or unmodified jobs.",
+        "with no training process, for remote viewers or unmodified jobs. Runs until "
+        "SIGINT, SIGTERM or SIGHUP.",
+        epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument(
         "--listen",
         metavar="ENDPOINT",
-        help="where to listen (default: private ipc socket; e.g. tcp://127.0.0.1:5555)",
+        type=listen_arg,
+        help="where to listen (default: private ipc socket; e.g. tcp://127.0.0.1:5555, "
+        "tcp://127.0.0.1:* for any free port)",
     )
     ap.add_argument(
-        "--interval", type=float, default=1.0, metavar="S", help="seconds between samples"
+        "--interval",
+        type=in_range(0.1, 3600.0),
+        default=1.0,
+        metavar="S",
+        help="seconds between samples, 0.1 to 3600 (default 1)",
     )
     ap.add_argument("--name", default=None, help="name shown by viewers")
     args = ap.parse_args(argv)
@@ -192,23 +425,38 @@ def cmd_agent(argv: list[str]) -> int:
             f"warning: {args.listen} is reachable from other hosts and has no authentication",
             file=sys.stderr,
         )
-    agent = Probe(
-        name=args.name or f"agent@{socket.gethostname()}",
-        listen=args.listen,
-        role="agent",
-        sample_host=True,
-        system_interval_s=args.interval,
-    )
+    # The probe's own warning speaks to a training process ("Training continues
+    # unmonitored"); the agent says what happens to it instead.
+    probe_log = logging.getLogger("gputop.probe")
+    was_disabled, probe_log.disabled = probe_log.disabled, True
+    try:
+        agent = Probe(
+            name=args.name or f"agent@{socket.gethostname()}",
+            listen=args.listen,
+            role="agent",
+            sample_host=True,
+            system_interval_s=args.interval,
+        )
+    finally:
+        probe_log.disabled = was_disabled
     if not agent.enabled:
-        print(f"gputop agent: {agent.error}", file=sys.stderr)
-        return 1
+        _error("gputop agent", f"could not start, nothing is published: {agent.error}")
+        return EXIT_NO_RUN
     print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+    received: list[int] = []
+
+    def stop(sig: int, _frame: Any) -> None:
+        received.append(sig)
+        done.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     done.wait()
     agent.close("agent stopped")
-    return 0
+    # SIGINT is how people stop it by hand (exit 0); SIGTERM/SIGHUP from a supervisor or a
+    # lost terminal give 128+n, as for any process ended by a signal.
+    return EXIT_OK if received[0] == signal.SIGINT else 128 + received[0]
 
 
 def _loopback(endpoint: str) -> bool:
@@ -221,42 +469,64 @@ def cmd_snapshot(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="gputop snapshot",
         description="Attach for a while, then print the runs, the host and the bottleneck "
-        "verdict, and exit 0. For scripts, CI and terminals without a TUI.",
+        "verdict. For scripts, CI and terminals without a TUI. With no ENDPOINT, every "
+        "probe on this host.",
+        epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     )
-    ap.add_argument("endpoints", nargs="*", metavar="ENDPOINT")
     ap.add_argument(
-        "--wait", type=float, default=5.0, metavar="SECONDS", help="how long to listen (default 5)"
+        "endpoints",
+        nargs="*",
+        type=endpoint_arg,
+        metavar="ENDPOINT",
+        help="probe or agent to read: ipc://PATH or tcp://HOST:PORT",
+    )
+    ap.add_argument(
+        "--wait",
+        type=in_range(*WAIT_S),
+        default=5.0,
+        metavar="SECONDS",
+        help=f"how long to listen, {WAIT_S[0]:g} to {WAIT_S[1]:g} (default 5)",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(argv)
+    targets = args.endpoints
+    if targets:
+        targets = reachable("gputop snapshot", targets)
+        if not targets:
+            return EXIT_NO_RUN
     from gputop_dl.tui.snapshot import Collector, render_text
 
-    collector = Collector(args.endpoints, local_sampler=not _only_remote(args.endpoints))
+    collector = Collector(targets, local_sampler=not _only_remote(targets))
     collector.start()
     try:
-        time.sleep(max(0.0, args.wait))
+        time.sleep(args.wait)
     except KeyboardInterrupt:
         pass
     finally:
         collector.stop()
     snap = collector.snapshot()
-    print(json.dumps(snap, indent=2) if args.json else render_text(snap))
-    return 0
+    print(json.dumps(snap, indent=2) if args.json else render_text(snap), flush=True)
+    return EXIT_OK if snap["runs"] else EXIT_NO_RUN
 
 
 # -------------------------------------------------------------------------- list
 def cmd_list(argv: list[str]) -> int:
     argparse.ArgumentParser(
-        prog="gputop list", description="List the probes and agents on this host."
+        prog="gputop list",
+        description="List the probes and agents on this host.",
+        epilog=EXIT_CODES,
+        formatter_class=HelpFormatter,
     ).parse_args(argv)
     records = discovery.discover()
     if not records:
-        print(f"no probe running on this host; {INSTRUMENT_HINT}")
-        return 0
+        print(f"no probe running on this host; {INSTRUMENT_HINT}", flush=True)
+        return EXIT_NO_RUN
     for r in records:
         age = time.time() - r.started
         print(f"{r.pid:>8}  {r.role:<6} {r.name:<28} up {age:>7.0f}s  {r.endpoint}")
-    return 0
+    sys.stdout.flush()
+    return EXIT_OK
 
 
 if __name__ == "__main__":

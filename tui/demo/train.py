@@ -14,17 +14,22 @@ Scenarios set the truth by construction:
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import io
 import json
+import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from PIL import Image
 from torch import nn
@@ -184,6 +189,41 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader[Any], 
     return loader, cnn(16, 3)
 
 
+_stop_signals: list[int] = []  # also checked after each step: see _stop
+
+
+def _stop(sig: int, _frame: object) -> None:
+    # Raised wherever the main thread is; Python drops an exception raised inside some
+    # callbacks (an at-fork hook while the DataLoader starts its workers), so the loop
+    # also checks the flag.
+    _stop_signals.append(sig)
+    raise SystemExit(128 + sig)
+
+
+def _check_stop() -> None:
+    if _stop_signals:
+        raise SystemExit(128 + _stop_signals[0])
+
+
+ORPHAN_GRACE_S = 20.0
+
+
+def _exit_with_parent() -> None:
+    """Stop (as on SIGTERM) when the parent is gone, even killed with -9: no orphan
+    training keeps publishing."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(ORPHAN_GRACE_S)  # a clean stop takes a few seconds; this one did not
+        _remove_own_socket()
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,7 +240,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-seconds", type=float, default=3600.0, help="stall: length of the hang")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--result", help="write {steps, samples, seconds} as JSON here at the end")
+    ap.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one ends (gputop demo sets it)",
+    )
     args = ap.parse_args(argv)
+    # --duration counts from the process's start: imports and data preparation included.
+    launched = psutil.Process().create_time()
+    # SIGTERM/SIGHUP end the training like Ctrl-C: the probe closes and removes its socket.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    if args.exit_with_parent:
+        _exit_with_parent()
+    if args.duration:
+        # The loop checks the deadline after each step; this cuts a step (or the imports
+        # and data preparation) that would run past it.
+        _interrupt_at(launched + args.duration + DEADLINE_GRACE_S)
+    try:
+        return _train(args, launched)
+    except KeyboardInterrupt:
+        return 0 if args.duration and time.time() >= launched + args.duration else 130
+    finally:
+        _remove_own_socket()
+
+
+DEADLINE_GRACE_S = 2.0
+
+
+def _interrupt_at(deadline: float) -> None:
+    def interrupt() -> None:
+        time.sleep(max(0.0, deadline - time.time()))
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, name="demo-deadline", daemon=True).start()
+
+
+def _remove_own_socket() -> None:
+    """The probe removes the socket it names itself, not one given in $GPUTOP_LISTEN;
+    a stale one would tell later viewers that something is there."""
+    listen = os.environ.get("GPUTOP_LISTEN", "")
+    if listen.startswith("ipc://"):
+        Path(listen.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+def _train(args: argparse.Namespace, launched: float) -> int:
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -222,11 +306,15 @@ def main(argv: list[str] | None = None) -> int:
             opt.step()
             steps += 1
             samples += x.shape[0]
+            _check_stop()
             elapsed = time.perf_counter() - start
+            left = args.duration - (time.time() - launched) if args.duration else math.inf
             if args.scenario == "stall" and not stalled and elapsed > args.stall_after:
                 stalled = True
-                time.sleep(args.stall_seconds)  # a hung collective, by construction
-            if (args.duration and elapsed >= args.duration) or (args.steps and steps >= args.steps):
+                _check_stop()
+                time.sleep(max(0.0, min(args.stall_seconds, left)))  # a hung collective
+                left = args.duration - (time.time() - launched) if args.duration else left
+            if left <= 0 or (args.steps and steps >= args.steps):
                 done = True
                 break
     seconds = time.perf_counter() - start

@@ -1,0 +1,113 @@
+"""Textual's Linux driver, made safe for a viewer left running on a training node.
+
+Two guards, both without touching site-packages:
+
+- **End of input.** Textual's input thread loops on ``select`` + ``read``; when stdin
+  reaches EOF (an SSH connection that dropped without SIGHUP, a closed pty) ``select``
+  returns at once and ``read`` gives ``b""`` for ever: 100 % of a core. Here the input loop
+  stops on EOF or a read error (EBADF, EIO) and asks the app to exit. Drop this override
+  when Textual ships the fix (upstream Textualize/textual PR #6690) and raise the
+  ``viewer`` extra's lower bound in pyproject.toml to that release.
+- **Signals.** SIGTERM, SIGHUP and SIGINT exit the app through its normal shutdown, so the
+  terminal is restored (alternate screen off, mouse tracking off, cursor shown), with exit
+  status 128 + the signal number. A second signal while that shutdown hangs restores the
+  terminal by hand and exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import selectors
+import signal
+from codecs import getincrementaldecoder
+from collections.abc import Callable
+from typing import Any
+
+from textual._xterm_parser import XTermParser
+from textual.drivers.linux_driver import LinuxDriver
+
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# What stop_application_mode writes, for the case where it cannot run: mouse tracking off
+# (every mode Textual turns on), bracketed paste off, line wrap on, alternate screen off,
+# cursor shown.
+RESTORE = (
+    "\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1015l\x1b[?1006l\x1b[?1016l"
+    "\x1b[?2004l\x1b[?7h\x1b[<u\x1b[?1049l\x1b[?25h\x1b[?1004l"
+)
+INPUT_ENDED = 0  # exit status when the terminal's input ends (a clean stop, nothing failed)
+
+
+class GuardedDriver(LinuxDriver):
+    """LinuxDriver that stops reading at end of input and exits on SIGTERM/SIGHUP/SIGINT."""
+
+    exit_signal: int | None = None
+    _previous_handlers: dict[int, Any]
+
+    def start_application_mode(self) -> None:
+        super().start_application_mode()
+        self._previous_handlers = {}
+        loop = asyncio.get_running_loop()
+        for sig in EXIT_SIGNALS:
+            self._previous_handlers[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, self._on_exit_signal, sig)
+
+    def stop_application_mode(self) -> None:
+        previous = getattr(self, "_previous_handlers", {})
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                # remove_signal_handler leaves SIG_DFL: put back what was there before,
+                # so a signal during the caller's own cleanup is handled as it expects.
+                with contextlib.suppress(TypeError, ValueError):
+                    signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+        super().stop_application_mode()
+
+    def _on_exit_signal(self, sig: int) -> None:
+        if self.exit_signal is not None:  # the first one's shutdown is stuck: leave now
+            _restore_terminal()
+            os._exit(128 + sig)
+        self.exit_signal = sig
+        self._app.exit(return_code=128 + sig)
+
+    def run_input_thread(self) -> None:
+        """Upstream's input loop, ending at EOF or on a read error instead of spinning."""
+        selector = selectors.SelectSelector()
+        selector.register(self.fileno, selectors.EVENT_READ)
+        parser = XTermParser(self._debug)
+        decode: Callable[..., str] = getincrementaldecoder("utf-8")().decode
+        try:
+            while not self.exit_event.is_set():
+                ready = selector.select(0.1)
+                if ready:
+                    try:
+                        data = os.read(self.fileno, 4096)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        self._end_of_input()
+                        return
+                    for event in parser.feed(decode(data)):
+                        self.process_message(event)
+                for event in parser.tick():
+                    self.process_message(event)
+        finally:
+            selector.close()
+            with contextlib.suppress(Exception):
+                for _ in parser.feed(""):
+                    pass
+
+    def _end_of_input(self) -> None:
+        """Called on the input thread: nobody can type any more, so exit (never block)."""
+        self._loop.call_soon_threadsafe(self._app.exit, None, INPUT_ENDED)
+
+
+def _restore_terminal() -> None:
+    for fd in (2, 1):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                os.write(fd, RESTORE.encode())
+                return
