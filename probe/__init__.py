@@ -10,11 +10,12 @@ thread; the default probe starts on the first call to :func:`watch` or :func:`st
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from gputop_dl.probe.core import Phase, Probe
+from gputop_dl.probe.core import Phase, Probe, current
 from gputop_dl.probe.version import __version__
 
 # Imported before ``def watch`` below on purpose: loading the submodule binds the package
@@ -22,18 +23,25 @@ from gputop_dl.probe.version import __version__
 from gputop_dl.probe.watch import Watched
 
 T = TypeVar("T")
-_default: Probe | None = None
+_default: Probe | None = None  # the last probe default() made, live or not
 _default_lock = threading.Lock()
 
 
 def default() -> Probe:
-    """The process-wide probe, created on first use with settings from the environment."""
+    """The process's probe: the one the script made with ``Probe(...)``, else one created
+    now from the environment. A disabled or failed probe (which ``current()`` does not
+    return) is kept too, so that it warns once rather than at every call."""
     global _default
-    if _default is None:
-        with _default_lock:
-            if _default is None:
-                _default = Probe()
-    return _default
+    live = current()
+    if live is not None:
+        return live
+    with _default_lock:
+        live = current()
+        if live is not None:
+            return live
+        if _default is None or _default._closed or _default.pid != os.getpid():
+            _default = Probe()
+        return _default
 
 
 def watch(

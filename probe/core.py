@@ -158,7 +158,8 @@ class Probe:
         self.source_id = f"{self.host}:{self.pid}"
         self.name = name or os.environ.get(ENV_NAME) or _script_name()
         self.started = time.time()
-        self.enabled = not os.environ.get(ENV_DISABLE)
+        # A forked child (a DataLoader worker) never publishes: it would be one more "run".
+        self.enabled = not os.environ.get(ENV_DISABLE) and not _forked_child
         self.error: str | None = None
         self.endpoint: str | None = None
         self._listen = listen or os.environ.get(ENV_LISTEN)

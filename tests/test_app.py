@@ -150,7 +150,7 @@ async def test_live_run_fills_every_panel() -> None:
     async with app.run_test(size=WIDE) as pilot:
         await feed(pilot, source, live_run(NOW))
         header = text(app.query_one(HeaderBar))
-        for part in ("● live", "resnet50 rank 0/8", "samples/s", "avg", "step 236", "up 1m00s"):
+        for part in ("● live", "resnet50 rank 0/8", "samples/s", "avg", "236 steps", "up 1m00s"):
             assert part in header
         graph = text(app.query_one(ThroughputGraph))
         assert "wait 70 %" in graph

@@ -64,7 +64,7 @@ class Banner(Panel):
         state = run.connection.state
         if state == "incompatible":
             return "critical"
-        if state == "exited":
+        if state in ("exited", "lost"):
             return "muted"
         if run.verdict is None:
             return "warning" if state == "stale" else "info"
@@ -113,6 +113,8 @@ class Banner(Panel):
         if verdict is None:
             if state == "exited":
                 return [self._headline("muted", "EXITED", f"The run {run.connection.text}.")]
+            if state == "lost":
+                return [self._headline("muted", "LOST", f"{run.connection.text}.")]
             if state == "stale":
                 return [
                     self._headline(
@@ -143,7 +145,7 @@ class Banner(Panel):
         prefix = ""
         if state == "exited":
             prefix = f"{run.connection.text}. Last verdict: "
-        elif state == "stale" and run.connection.age_s is not None:
+        elif state in ("stale", "lost") and run.connection.age_s is not None:
             prefix = f"(as of {fmt_duration(run.connection.age_s)} ago) "
         kind = verdict.kind.replace("-", " ").upper()
         if verdict.headline.replace("-", " ").upper().startswith(kind):

@@ -180,8 +180,14 @@ class CpuPanel(Panel):
                     line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
                 line.append(" %)", style)
         else:
-            line.append("no DataLoader workers (num_workers=0?)", self.style("panel--dim"))
+            # The loader's own setting is the banner's to state (the probe reports it, or
+            # says it is unknown): here only what the process table shows.
+            line.append("no DataLoader worker processes", self.style("panel--dim"))
         if main is not None:
             line.append(f" · {main_label} ")
             line.append(fmt_pct(main.cpu_pct, compact=True))
+        others = [p for p in processes.processes if p.role == "other"]
+        if others and figures:  # compilers, tokenizers, loggers: the training's, not workers
+            line.append(f" · {len(others)} other children ", self.style("panel--dim"))
+            line.append(fmt_pct(sum(p.cpu_pct or 0.0 for p in others), compact=True))
         return line

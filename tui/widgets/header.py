@@ -137,7 +137,7 @@ class HeaderBar(Panel):
             (1, name),
             (2, rate),
             (4, Text(f"avg {fmt_number(run.rate_avg)}") if run.rate_avg is not None else Text()),
-            (3, Text(f"step {fmt_count(run.step_count)}")),
+            (3, Text(f"{fmt_count(run.step_count)} steps")),
             (5, Text(f"@ {run.host}") if run.host else Text()),
             (6, Text(f"up {fmt_duration(run.uptime_s)}") if run.uptime_s is not None else Text()),
         ]
