@@ -198,4 +198,7 @@ def test_snapshot_json_sees_a_probe_and_list_finds_it() -> None:
     runs = [r for r in data["runs"] if r["name"] == "listed"]
     assert len(runs) == 1 and runs[0]["state"] == "live"
     assert runs[0]["steps"] > 20
+    # steps is a count: one more than the newest index (the issue: it was the index)
+    assert runs[0]["steps"] >= runs[0]["last_step_index"] + 1 > 20
+    assert runs[0]["loop"] == "in-loop"
     assert runs[0]["rate_now"] is not None

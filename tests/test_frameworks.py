@@ -126,7 +126,7 @@ def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
     plain = lightning_run(False)
     timed = lightning_run(False, callbacks=(GputopCallback(),))
     assert timed == plain and p._index == 20
-    assert p._framework == "lightning" and p._loop[0] == "outside"  # type: ignore[attr-defined]
+    assert p._framework == "lightning" and p._loop == "outside"  # type: ignore[attr-defined]
 
 
 def test_lightning_ddp_each_rank_keeps_its_own_shard(tmp_path: Path) -> None:

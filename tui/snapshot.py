@@ -60,7 +60,9 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
                 "world_size": run.world_size,
                 "state": run.connection.state,
                 "connection": run.connection.text,
-                "steps": run.step_count,
+                "steps": run.step_count,  # a count; the newest index is separate
+                "last_step_index": run.last_step_index,
+                "loop": run.loop,
                 "unit": run.unit,
                 "rate_now": run.rate_now,
                 "rate_avg": run.rate_avg,
