@@ -52,26 +52,26 @@ if mode == "probe":
     print(p.endpoint, flush=True)
     sys.stdin.readline()  # the parent's subscriber is attached
     time.sleep(0.5)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in p.watch(batches):
         work()
-    w1 = time.perf_counter()
+    w1, m1 = time.perf_counter(), time.thread_time()
     p.close()
     c1 = time.process_time()
 else:
     print("-", flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in batches:
         work()
-    w1 = time.perf_counter()
+    w1, m1 = time.perf_counter(), time.thread_time()
     c1 = time.process_time()
-print(c1 - c0, w1 - w0, flush=True)
+print(c1 - c0, w1 - w0, m1 - m0, flush=True)
 """
 
 
-def run(mode: str) -> tuple[float, float, int]:
+def run(mode: str) -> tuple[float, float, float, int]:
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(STEPS)],
         stdin=subprocess.PIPE,
@@ -100,8 +100,8 @@ def run(mode: str) -> tuple[float, float, int]:
         received += len(sub.receive(0.2, max_messages=100_000))
         sub.close()
     child.wait()
-    cpu, wall = (float(x) for x in line.split())
-    return cpu, wall, received
+    cpu, wall, main_cpu = (float(x) for x in line.split())
+    return cpu, wall, main_cpu, received
 
 
 def spread(values: list[float]) -> str:
@@ -164,18 +164,23 @@ def components() -> None:
 
 def main() -> None:
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
-    cpu_costs, wall_costs, bare_steps = [], [], []
+    cpu_costs, wall_costs, main_costs, bare_steps = [], [], [], []
     for i in range(pairs):
         order = ("bare", "probe") if i % 2 == 0 else ("probe", "bare")
         results = {mode: run(mode) for mode in order}
-        (cpu_b, wall_b, _), (cpu_p, wall_p, got) = results["bare"], results["probe"]
+        (cpu_b, wall_b, main_b, _), (cpu_p, wall_p, main_p, got) = (
+            results["bare"],
+            results["probe"],
+        )
         assert got > 0, "the subscriber received nothing"
         cpu_costs.append((cpu_p - cpu_b) / STEPS * 1e6)
+        main_costs.append((main_p - main_b) / STEPS * 1e6)
         wall_costs.append((wall_p - wall_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
     print(f"probe cost per step, {pairs} interleaved subprocess pairs x {STEPS} steps")
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
+    print(f"  of which the training thread's CPU:      {spread(main_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
     components()
 
