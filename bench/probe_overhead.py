@@ -9,8 +9,8 @@ thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
 
 On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
 probe's cost, so the second section also profiles the probe's own parts in this process
-(CPU time of the calling thread, repeated): the training-thread path (``_open_step`` +
-``_close_step``, what ``watch`` adds around ``next()``) and the publisher's per-step
+(CPU time of the calling thread, repeated): the training-thread path (what ``watch`` adds
+around ``next()``: two clock reads, the sample count, the record) and the publisher's per-step
 work (drain to wire records, msgspec encoding, history).
 
     python bench/probe_overhead.py [pairs]
@@ -25,7 +25,7 @@ import sys
 import time
 
 from gputop_dl.probe.core import Probe, _DrainState
-from gputop_dl.probe.loader import infer_samples
+from gputop_dl.probe.loader import sample_counter
 from gputop_dl.probe.protocol import encode_steps
 from gputop_dl.probe.transport import Subscriber
 
@@ -52,26 +52,26 @@ if mode == "probe":
     print(p.endpoint, flush=True)
     sys.stdin.readline()  # the parent's subscriber is attached
     time.sleep(0.5)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in p.watch(batches):
         work()
-    w1 = time.perf_counter()
+    w1, m1 = time.perf_counter(), time.thread_time()
     p.close()
     c1 = time.process_time()
 else:
     print("-", flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in batches:
         work()
-    w1 = time.perf_counter()
+    w1, m1 = time.perf_counter(), time.thread_time()
     c1 = time.process_time()
-print(c1 - c0, w1 - w0, flush=True)
+print(c1 - c0, w1 - w0, m1 - m0, flush=True)
 """
 
 
-def run(mode: str) -> tuple[float, float, int]:
+def run(mode: str) -> tuple[float, float, float, int]:
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(STEPS)],
         stdin=subprocess.PIPE,
@@ -100,8 +100,8 @@ def run(mode: str) -> tuple[float, float, int]:
         received += len(sub.receive(0.2, max_messages=100_000))
         sub.close()
     child.wait()
-    cpu, wall = (float(x) for x in line.split())
-    return cpu, wall, received
+    cpu, wall, main_cpu = (float(x) for x in line.split())
+    return cpu, wall, main_cpu, received
 
 
 def spread(values: list[float]) -> str:
@@ -126,20 +126,26 @@ def components() -> None:
 
     os.environ["GPUTOP_DISABLE"] = "1"  # no publisher thread: parts are driven by hand
     p = Probe(name="parts")
-    p._timing_checks = 3
+    p.enabled = True  # watch() times the loop; nothing is published
     n = 20_000
     t = time.perf_counter()
-
-    def training_path() -> None:
-        for _ in range(n):
-            p._open_step(t, t, 32)
-            p._close_step(t)
-
     batch = (np.zeros((32, 3)), np.zeros(32))
+    batches = [batch] * n
+
+    def watched_loop() -> None:
+        p._steps.clear()  # frees the last repeat's records (the publisher's work, counted)
+        for _ in p.watch(batches):
+            pass
+
+    def bare_loop() -> None:
+        for _ in batches:
+            pass
+
+    count = sample_counter()
 
     def sample_inference() -> None:
         for _ in range(n):
-            infer_samples(batch)
+            count(batch)
 
     def publisher() -> None:
         p._steps.clear()
@@ -153,9 +159,11 @@ def components() -> None:
 
     publisher_s: list[float] = []
     print("probe parts, CPU per step in this process (15 repeats of 20000)")
-    print(f"  training thread, _open_step + _close_step: {spread(per_call_us(training_path, n))}")
+    watched = per_call_us(watched_loop, n)
+    bare = statistics.median(per_call_us(bare_loop, n))
+    print(f"  training thread, watch() around next():    {spread([w - bare for w in watched])}")
     inference = per_call_us(sample_inference, n)
-    print(f"  training thread, sample inference (loader): {spread(inference)}")
+    print(f"  of which sample inference (per loader):     {spread(inference)}")
     for _ in range(15):
         publisher()
     drained = [x / n * 1e6 for x in publisher_s]
@@ -164,18 +172,23 @@ def components() -> None:
 
 def main() -> None:
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
-    cpu_costs, wall_costs, bare_steps = [], [], []
+    cpu_costs, wall_costs, main_costs, bare_steps = [], [], [], []
     for i in range(pairs):
         order = ("bare", "probe") if i % 2 == 0 else ("probe", "bare")
         results = {mode: run(mode) for mode in order}
-        (cpu_b, wall_b, _), (cpu_p, wall_p, got) = results["bare"], results["probe"]
+        (cpu_b, wall_b, main_b, _), (cpu_p, wall_p, main_p, got) = (
+            results["bare"],
+            results["probe"],
+        )
         assert got > 0, "the subscriber received nothing"
         cpu_costs.append((cpu_p - cpu_b) / STEPS * 1e6)
+        main_costs.append((main_p - main_b) / STEPS * 1e6)
         wall_costs.append((wall_p - wall_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
     print(f"probe cost per step, {pairs} interleaved subprocess pairs x {STEPS} steps")
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
+    print(f"  of which the training thread's CPU:      {spread(main_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
     components()
 

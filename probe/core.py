@@ -53,6 +53,7 @@ HISTORY_SYSTEMS = 60
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
+PERIODS_KEPT = 30
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
 # device_caught_up: the device reached the end-of-step event within this lag of the host
 # recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
@@ -181,6 +182,9 @@ class Probe:
         self._timing = "host"
         self._timing_note: str | None = "no steps yet"
         self._timing_checks = 0
+        # Timing settled as host-side: a step is one tuple and one append (watch inlines
+        # _open_step/_close_step while this is set).
+        self._host_only = False
         self._device_index: tuple[str, int | None, str | None] | None = None  # kind, idx, uuid
         self._loader_info: LoaderInfo | None = None
         self._framework: str | None = None
@@ -329,6 +333,7 @@ class Probe:
             self._timer, self._timing = None, "host"
             self._timing_note = f"CUDA events failed ({exc}): step times are host-side"
             self._timing_checks = 3  # do not try again
+            self._host_only = True
             self._hello_dirty.set()
             return None
 
@@ -385,6 +390,7 @@ class Probe:
         if (timing, note) != (self._timing, self._timing_note):
             self._timer, self._timing, self._timing_note = timer, timing, note
             self._hello_dirty.set()
+        self._host_only = self._timing_checks >= 3 and self._timer is None
 
     # ----------------------------------------------------------- publisher thread
     def hello(self, progress: tuple[int, float | None, float | None] = (0, None, None)) -> Hello:
@@ -457,7 +463,7 @@ class Probe:
         replay_due = False
         published = 0
         last_end: float | None = None
-        periods: deque[float] = deque(maxlen=30)
+        periods: deque[float] = deque(maxlen=PERIODS_KEPT)  # the typical step period
         busy = True
         self._gather_facts()
 
@@ -503,7 +509,7 @@ class Probe:
                 if records:
                     published += len(records)
                     last_end = records[-1][1]
-                    periods.extend(r[2] for r in records)
+                    periods.extend([r[2] for r in records[-PERIODS_KEPT:]])
                     history.extend(records)
                     horizon = time.time() - HISTORY_S
                     while history and history[0][1] < horizon:
@@ -548,8 +554,8 @@ class Probe:
 
     def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> list[_Wire]:
         """Turn what the training thread queued into wire records (publisher thread)."""
-        steps = self._steps
-        raws = [steps.popleft() for _ in range(len(steps))]
+        pop = self._steps.popleft  # the training thread appends meanwhile: pop, not iterate
+        raws = [pop() for _ in range(len(self._steps))]
         log = self._phase_log
         phases = st.phases
         for _ in range(len(log)):  # after the steps: a step's phases are logged before it

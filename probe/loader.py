@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -260,3 +261,80 @@ def infer_samples(batch: Any) -> int | None:
         else:
             return None
     return None
+
+
+# How sample_counter reaches the array in a batch: the batch itself, its first item
+# (list, tuple), or its first value (dict).
+_SELF, _FIRST_ITEM, _FIRST_VALUE = 0, 1, 2
+
+
+def _route(batch: Any) -> tuple[type, int, type, bool] | None:
+    """(batch type, how to reach the array, array type, leading dimension is ``len``)
+    when the first array sits at most one container deep and the way there depends on
+    types alone, else None.
+
+    Exact built-in containers have no instance attributes, so whether they have a
+    ``shape`` is a matter of their type; any other container is walked every time.
+    """
+    outer = type(batch)
+    if getattr(batch, "shape", None) is not None:
+        how, x = _SELF, batch
+    elif outer is list or outer is tuple:
+        if not batch:
+            return None
+        how, x = _FIRST_ITEM, batch[0]
+    elif outer is dict:
+        if not batch:
+            return None
+        how, x = _FIRST_VALUE, next(iter(batch.values()))
+    else:
+        return None
+    if how != _SELF and getattr(x, "shape", None) is None:
+        return None
+    inner = type(x)
+    # numpy's len() is its leading dimension (TypeError when 0-d), and 3x cheaper than
+    # .shape[0]; torch's __len__ is Python code, so tensors keep .shape[0].
+    is_ndarray = inner.__module__ == "numpy" and inner.__name__ == "ndarray"
+    return outer, how, inner, is_ndarray
+
+
+def sample_counter() -> Callable[[Any], int | None]:
+    """:func:`infer_samples` for one loader, with the same answers, faster.
+
+    A loader yields batches of one structure: the way to the array is learned from the
+    first batch and, while two type checks confirm it, taken directly (no failing
+    attribute lookups, no isinstance); any other batch goes through ``infer_samples``.
+    """
+    learned: tuple[Any, int, Any, bool] | None = None  # Any: no narrowing by type(x) is
+
+    def count(batch: Any) -> int | None:
+        nonlocal learned
+        route = learned
+        if route is not None and type(batch) is route[0]:
+            try:
+                how = route[1]
+                array = (
+                    batch
+                    if how == _SELF
+                    else batch[0]
+                    if how == _FIRST_ITEM
+                    else next(iter(batch.values()))
+                )
+                if type(array) is route[2]:
+                    if route[3]:
+                        try:
+                            return len(array)
+                        except TypeError:  # a 0-d array
+                            return None
+                    shape = array.shape
+                    if shape is not None:
+                        return int(shape[0]) if len(shape) else None
+            except (TypeError, ValueError, IndexError, StopIteration, AttributeError):
+                pass  # not what was learned: the general way below says what it is
+        try:
+            learned = _route(batch)
+        except Exception:  # a property that raises: infer_samples says None
+            learned = None
+        return infer_samples(batch)
+
+    return count

@@ -26,6 +26,10 @@ log = logging.getLogger("gputop.probe")
 T = TypeVar("T")
 Samples = int | Callable[[Any], int] | None
 
+# Probe._open while a step opened by the loop below is running: its times and count stay
+# in the loop's locals. probe.step(samples) replaces it with a tuple carrying the count.
+OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
+
 _pytree_registered = False
 _warned: set[str] = set()
 
@@ -105,6 +109,7 @@ class Watched(Generic[T]):
             count = self._count
             open_step = probe._open_step
             close_step = probe._close_step
+            append = probe._steps.append
             t0 = perf()
             for batch in iterator:
                 t1 = perf()
@@ -112,14 +117,31 @@ class Watched(Generic[T]):
                     n = count(batch)
                 except Exception:  # a user's counting function must not stop training
                     n = None
-                open_step(t0, t1, n)
+                # Host timing settled (no CUDA events): _open_step and _close_step
+                # inlined, the step's times kept here, nothing allocated but the record
+                # (two thirds of this loop's cost; bench/probe_overhead.py).
+                fast = probe._host_only
+                if fast:
+                    probe._open = OPENED_IN_WATCH
+                else:
+                    open_step(t0, t1, n)
                 if pids_late:  # generator loaders start their workers on the first next()
                     pids_late = False
                     _late_pids(probe, info, iterator)
                 yield batch
-                t0 = perf()
-                if probe._open is not None:  # a nested watched loop may have closed it
-                    close_step(t0)
+                t_next = perf()
+                opened = probe._open
+                if opened is not None:  # else a nested watched loop closed it
+                    if not fast:
+                        close_step(t_next)
+                    else:
+                        if opened is not OPENED_IN_WATCH:  # probe.step(samples) said
+                            n = opened[2]
+                        probe._open = None
+                        index = probe._index
+                        append((index, t0, t1, t_next, n, None, None))
+                        probe._index = index + 1
+                t0 = t_next
         except GeneratorExit:
             how = "break"
             raise
@@ -152,7 +174,7 @@ def _counter(samples: Samples) -> Callable[[Any], int | None]:
     if isinstance(samples, int) and not isinstance(samples, bool):
         fixed: int | None = samples if samples >= 0 else None
         return lambda _batch: fixed
-    return loader.infer_samples
+    return loader.sample_counter()
 
 
 def _as_count(value: Any) -> int | None:

@@ -23,7 +23,7 @@ import zmq
 from gputop_dl import probe
 from gputop_dl.probe import discovery
 from gputop_dl.probe.core import current
-from gputop_dl.probe.loader import infer_samples
+from gputop_dl.probe.loader import infer_samples, sample_counter
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
@@ -80,6 +80,57 @@ def test_samples_are_the_leading_dimension_of_the_first_array(
     batch: Any, expected: int | None
 ) -> None:
     assert infer_samples(batch) == expected
+
+
+class _Shaped:
+    """A batch type whose ``shape`` is per instance (None on some)."""
+
+    def __init__(self, shape: tuple[int, ...] | None) -> None:
+        self.shape = shape
+
+
+def test_the_per_loader_counter_answers_as_infer_samples_whatever_the_batches_do() -> None:
+    # Each batch after the first meets what the counter learned from the one before:
+    # same types with other contents, other types, empty containers, 0-d arrays.
+    batches: list[Any] = [
+        (np.zeros((7, 2)), np.zeros(7)),
+        (np.zeros((3, 2)), np.zeros(3)),  # the last, smaller batch
+        (np.float32(1.0), np.zeros(3)),  # same container, other element type
+        (np.zeros(()), np.zeros(3)),  # a 0-d array where an array was
+        (),
+        [np.zeros((5,))],
+        [[np.zeros((4, 1))]],  # two levels deep: never learned, always walked
+        [[np.zeros((6, 1))]],
+        {"image": np.zeros((9, 3)), "label": np.zeros(9)},
+        {"label": [1, 2], "image": np.zeros((9, 3))},  # the first value is no array now
+        {},
+        torch.zeros(11, 2),
+        torch.zeros(()),
+        torch.zeros(12, 2),
+        _Shaped((13, 1)),
+        _Shaped(None),
+        _Shaped(()),
+        [torch.zeros(2), np.zeros(3)],
+        [np.zeros(4), torch.zeros(2)],
+        "text",
+        None,
+    ]
+    count = sample_counter()
+    for batch in batches + batches[::-1]:
+        assert count(batch) == infer_samples(batch), batch
+
+
+def test_step_samples_inside_a_watched_loop_overrides_the_count() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    p = probe.Probe(name="override", listen=endpoint, system_interval_s=0)
+    reader = WireReader(endpoint)
+    time.sleep(0.3)
+    for i, _ in enumerate(p.watch([np.zeros((8, 1))] * 10)):
+        if i % 2:
+            p.step(samples=3)  # e.g. packed sequences: the user knows better
+    p.close()
+    reader.pump(0.8)
+    assert [r["samples"] for r in reader.steps()] == [8, 3] * 5
 
 
 def test_import_probe_needs_neither_torch_nor_textual(tmp_path: Path) -> None:
