@@ -209,17 +209,19 @@ def agreeing_time(
     """
     total = 0.0
     chunk: list[StepRecord] = []
+    chunk_s: float = 0  # sum(s.period_s for s in chunk), kept as it grows (same order)
     for step in reversed(steps):
-        if total + sum(s.period_s for s in chunk) >= CONFIDENCE_HORIZON_S:
+        if total + chunk_s >= CONFIDENCE_HORIZON_S:
             break
         chunk.append(step)
-        if sum(s.period_s for s in chunk) >= CHUNK_S:
+        chunk_s += step.period_s
+        if chunk_s >= CHUNK_S:
             if not agrees(chunk):
                 return total
-            total += sum(s.period_s for s in chunk)
-            chunk = []
+            total += chunk_s
+            chunk, chunk_s = [], 0
     if chunk and agrees(chunk):
-        total += sum(s.period_s for s in chunk)
+        total += chunk_s
     return total
 
 
