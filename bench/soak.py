@@ -3,7 +3,8 @@ come and go, and send garbage; its RSS must stay flat.
 
 Everything speaks the real protocol over real sockets, found through discovery in a
 private runtime dir (the viewer is started with no endpoint, as a user would):
-- steady: one process playing 16 runs x 100 steps/s, with a node sample a second;
+- steady: one process playing 16 runs x 100 steps/s (SOAK_RUNS, SOAK_RATE), with a node
+  sample a second;
 - churn: a real ``Probe`` training loop (sleep-based steps) started every 5 s, each living
   10-40 s; every third one is killed with SIGKILL (its record and socket left behind);
 - hostile: a publisher that sends random bytes, a ``"kind": [1]`` payload, an unknown
@@ -31,6 +32,10 @@ from pathlib import Path
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 SAMPLE_S = float(os.environ.get("SOAK_SAMPLE_S", "10"))
+# The steady publisher's runs and steps/s per run (SOAK_RUNS=64 SOAK_RATE=200: the
+# flood of bench/viewer_flood.py, 12,800 steps/s).
+RUNS = int(os.environ.get("SOAK_RUNS", "16"))
+RATE = int(os.environ.get("SOAK_RATE", "100"))
 # The viewer keeps 300 s of history by design: RSS grows until that window is full.
 HISTORY_FULL_S = 330.0
 WARMUP_S = min(HISTORY_FULL_S, SECONDS / 2)
@@ -150,7 +155,7 @@ def main() -> int:
         (tmp / name).write_text(text)
     quiet = subprocess.DEVNULL
     children: list[subprocess.Popen[bytes]] = [
-        subprocess.Popen([sys.executable, str(tmp / "steady.py"), "16", "100"], env=env),
+        subprocess.Popen([sys.executable, str(tmp / "steady.py"), str(RUNS), str(RATE)], env=env),
         subprocess.Popen([sys.executable, str(tmp / "hostile.py")], env=env, stderr=quiet),
     ]
     tmux = ["tmux", "-L", f"gputop-soak-{os.getpid()}"]
