@@ -54,8 +54,9 @@ pub = Publisher(discovery.ipc_endpoint(os.getpid()))
 discovery.register(discovery.Record(pub.endpoint, os.getpid(), socket.gethostname(),
                                     "soak-steady", "probe", time.time()))
 start = time.time()
+# Other hosts' runs (as through an agent or tunnel): their pids are not checked here.
 hellos = [encode(Hello(source_id=f"steady-{r}:{5000 + r}", role="probe", name=f"steady {r}",
-                       host=socket.gethostname(), pid=5000 + r, started=start,
+                       host=f"soak-{r // 8}", pid=5000 + r, started=start,
                        probe_version="0", rank=r, world_size=runs)) for r in range(runs)]
 last = [-1] * runs
 flushes = 0
@@ -75,7 +76,7 @@ while True:
                               sent=flushes, dropped=0)))
     if flushes % 10 == 0:
         cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(64))
-        sample = SystemSample(time=now, host=socket.gethostname(), interval_s=1.0,
+        sample = SystemSample(time=now, host="soak-0", interval_s=1.0,
                               cpu=CpuSample(cores, None))
         pub.send(encode(System(source_id="steady-0:5000", sample=sample)))
     flushes += 1
@@ -160,7 +161,8 @@ def main() -> int:
     ]
     tmux = ["tmux", "-L", f"gputop-soak-{os.getpid()}"]
     pythonpath = os.environ.get("PYTHONPATH", "")
-    command = f"exec env GPUTOP_RUNTIME_DIR={runtime} PYTHONPATH={pythonpath} {GPUTOP}"
+    extra = os.environ.get("SOAK_VIEWER_ENV", "")  # e.g. MALLOC_ARENA_MAX=2, for experiments
+    command = f"exec env GPUTOP_RUNTIME_DIR={runtime} PYTHONPATH={pythonpath} {extra} {GPUTOP}"
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
     churn: list[tuple[subprocess.Popen[bytes], float, bool]] = []
     started = killed = 0
