@@ -35,7 +35,7 @@ MAX_PEERS = 32
 HANDSHAKE_S = 5.0
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks whether a peer may connect
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-OPEN_FACTOR = 4  # connections open at once (handshakes, refused ones closing) per peer
+ADMIT_PER_SEND = 4  # handshakes answered per send at most (wait() answers more)
 
 PRIVATE, LOOPBACK, EXPOSED = "private", "loopback", "exposed"
 NO_AUTH = "authenticated TCP is not available yet"
@@ -106,8 +106,8 @@ class Publisher:
     history to a subscriber that just attached (:meth:`wait` returns the count).
 
     At most ``max_peers`` peers are connected at once: libzmq asks the ZAP handler
-    (served in :meth:`wait`) about each new one; the socket monitor tells which
-    connections are open. ``refused`` counts the peers turned away.
+    (served in :meth:`wait` and :meth:`send`) about each new one; the socket monitor
+    tells which connections are open. ``refused`` counts the peers turned away.
     """
 
     def __init__(self, endpoint: str, max_peers: int = MAX_PEERS) -> None:
@@ -128,8 +128,7 @@ class Publisher:
         # NULL mechanism); the monitor says which connections are open, by their fd.
         self.max_peers = max_peers
         self.refused = 0
-        # Open connections by fd: admitted (True), refused (False), not yet asked (None).
-        self._open: dict[int, bool | None] = {}
+        self._open: set[int] = set()  # fds of the connections open now
         self._sock.setsockopt(zmq.ZAP_DOMAIN, b"gputop")
         self._zap = self._ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
@@ -157,7 +156,11 @@ class Publisher:
             self.endpoint = last.decode()
 
     def send(self, frames: list[bytes]) -> bool:
-        """Queue one message; False if it had to be dropped (never blocks)."""
+        """Queue one message; False if it had to be dropped (never blocks).
+
+        New peers are admitted here too (a non-blocking look, ~1 us), so a caller that
+        only sends, and never calls :meth:`wait`, is still heard."""
+        self._admit(ADMIT_PER_SEND)
         try:
             self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=True)
         except zmq.ZMQError:  # zmq.Again (queue full) included
@@ -189,23 +192,16 @@ class Publisher:
         return subscribed
 
     def _admit(self, max_requests: int) -> None:
-        """Answer libzmq's questions about new peers: yes while fewer than ``max_peers``
-        admitted ones are connected and at most ``4 * max_peers`` connections are open
-        (an exact count, whatever the labels below say), no beyond."""
+        """Answer libzmq's questions about new peers: yes while at most ``max_peers``
+        connections are open, this one included (handshakes in progress and refused
+        ones not yet closed count too: a burst may be refused whole, and the viewer
+        tries again a second later), no beyond."""
         for _ in range(max_requests):
             try:
                 request = self._zap.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
                 return
-            self._count_peers()  # this peer's accept was reported before libzmq asked
-            admitted = sum(1 for state in self._open.values() if state)
-            ok = admitted < self.max_peers and len(self._open) <= OPEN_FACTOR * self.max_peers
-            # The request does not say which connection it is about: it is taken to be
-            # the oldest one not yet decided (a swap between two handshakes in progress
-            # only swaps labels; the cap on open connections holds regardless).
-            undecided = next((fd for fd, state in self._open.items() if state is None), None)
-            if undecided is not None:
-                self._open[undecided] = ok
+            ok = self.peers <= self.max_peers
             if not ok:
                 self.refused += 1
             request_id = request[1] if len(request) > 1 else b""
@@ -213,25 +209,22 @@ class Publisher:
             with contextlib.suppress(zmq.ZMQError):
                 self._zap.send_multipart(reply, zmq.NOBLOCK)
 
-    def _count_peers(self) -> None:
+    @property
+    def peers(self) -> int:
+        """Connections open now (the monitor reports each accept and each close)."""
         while True:
             try:
                 frames = self._monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:
-                return
+                break
             if len(frames) != 2 or len(frames[0]) < 6:
                 continue
             event, fd = struct.unpack("=HI", frames[0][:6])
             if event == zmq.EVENT_ACCEPTED:
-                self._open[fd] = None
+                self._open.add(fd)
             elif event == zmq.EVENT_DISCONNECTED:
-                self._open.pop(fd, None)
-
-    @property
-    def peers(self) -> int:
-        """Admitted peers connected now."""
-        self._count_peers()
-        return sum(1 for state in self._open.values() if state)
+                self._open.discard(fd)
+        return len(self._open)
 
     def wake(self) -> None:
         """Make a pending :meth:`wait` return now (callable from any thread)."""

@@ -198,32 +198,33 @@ def _connected(subs: list[zmq.Socket[bytes]], pub: Publisher, seconds: float) ->
     return got
 
 
+def _sub(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"gputop.")
+    sub.connect(endpoint)
+    return sub
+
+
 def test_at_most_max_peers_are_let_in_and_a_place_frees_up() -> None:
     pub = Publisher("tcp://127.0.0.1:*", max_peers=3)
     ctx = zmq.Context()
     try:
-        subs = []
-        for _ in range(6):
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.SUBSCRIBE, b"gputop.")
-            sub.connect(pub.endpoint)
-            subs.append(sub)
-        got = _connected(subs, pub, 1.5)
-        assert sum(got) == 3, got
-        assert pub.refused >= 3
-        assert pub.peers == 3
-        # Two admitted ones leave: two places for newcomers.
-        for i in [i for i, ok in enumerate(got) if ok][:2]:
-            subs[i].close()
-        newcomers = []
-        for _ in range(2):
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.SUBSCRIBE, b"gputop.")
-            sub.connect(pub.endpoint)
-            newcomers.append(sub)
-        assert all(_connected(newcomers, pub, 1.5))
+        first = []
+        for _ in range(3):  # one after the other: each is let in
+            first.append(_sub(ctx, pub.endpoint))
+            assert _connected(first[-1:], pub, 0.3) == [True]
+        late = [_sub(ctx, pub.endpoint) for _ in range(3)]
+        assert _connected([*first, *late], pub, 1.0) == [True] * 3 + [False] * 3
+        assert pub.refused == 3
+        assert pub.peers == 3  # the refused ones were closed
+        # Two leave: two places for newcomers.
+        first[0].close()
+        first[1].close()
+        newcomers = [_sub(ctx, pub.endpoint) for _ in range(2)]
+        time.sleep(0.2)
+        assert _connected(newcomers, pub, 1.0) == [True, True]
+        assert pub.peers <= 3
     finally:
         pub.close()
         ctx.destroy(linger=0)
