@@ -474,7 +474,6 @@ def cmd_agent(argv: list[str]) -> int:
     if not agent.enabled:
         _error("gputop agent", f"could not start, nothing is published: {agent.error}")
         return EXIT_NO_RUN
-    print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     done = threading.Event()
     received: list[int] = []
 
@@ -482,8 +481,11 @@ def cmd_agent(argv: list[str]) -> int:
         received.append(sig)
         done.set()
 
+    # Before the line that tells a supervisor we are up: a signal sent on reading it
+    # must find these handlers, not Python's default KeyboardInterrupt.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+    print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     done.wait()
     agent.close("agent stopped")
     # SIGINT is how people stop it by hand (exit 0); SIGTERM/SIGHUP from a supervisor or a
