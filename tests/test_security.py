@@ -176,7 +176,12 @@ def test_agent_with_insecure_publishes_on_all_interfaces() -> None:
         assert "publishing on tcp://0.0.0.0:" in line
     finally:
         agent.send_signal(2)
-        _, err = agent.communicate(timeout=10)
+        try:
+            _, err = agent.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            _, err = agent.communicate()
+            pytest.fail(f"the agent did not stop on SIGINT: {err}")
     assert agent.returncode == 0
     assert "anyone who can reach this host" in err
 
