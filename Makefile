@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint bench fuzz screenshots wheel-check clean
+.PHONY: help demo test lint bench fuzz soak screenshots wheel-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 
 fuzz: $(STAMP)  ## decode 1,000,000 mutated protocol payloads (fixed seed): only protocol errors
 	GPUTOP_FUZZ_N=1000000 $(BIN)/pytest -q tests/test_protocol.py -k mutated
+
+soak: $(STAMP)  ## the real viewer for 10 min against flooding, churning and hostile publishers: RSS flat? (SOAK_SECONDS=600)
+	$(BIN)/python bench/soak.py
 
 screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo run
 	$(BIN)/python tools/screenshots.py screenshots

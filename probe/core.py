@@ -40,6 +40,7 @@ ENV_LISTEN = "GPUTOP_LISTEN"
 ENV_NAME = "GPUTOP_NAME"
 ENV_DISABLE = "GPUTOP_DISABLE"
 ENV_DATA_PATH = "GPUTOP_DATA_PATH"
+ENV_INSECURE = "GPUTOP_INSECURE"  # "1": may listen where the network can read the stream
 # Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
 # this the oldest are dropped, and counted from the gap in step indices.
 MAX_BUFFERED_STEPS = 50_000
@@ -99,6 +100,7 @@ class Phase:
 
 _current: Probe | None = None
 _current_lock = threading.Lock()
+_access_warned: set[str] = set()  # endpoints whose exposure was already warned about
 
 
 def current() -> Probe | None:
@@ -115,6 +117,8 @@ class Probe:
     ``name``: run name shown by gputop (default: $GPUTOP_NAME or the script name).
     ``listen``: endpoint to bind (default: $GPUTOP_LISTEN, else a private ipc socket).
     ``sample_host``: run the node sampler here (default: only on local rank 0).
+    ``insecure``: allow ``listen`` on a wildcard or non-loopback address, readable by
+    anyone who can reach it (default: $GPUTOP_INSECURE=1); refused otherwise.
 
     Creating a second ``Probe`` while one is live returns the live one (a warning says
     which settings were ignored); after :meth:`close` a new one can be created.
@@ -149,6 +153,7 @@ class Probe:
         flush_interval_s: float = 0.1,
         data_path: str | None = None,
         role: str = "probe",
+        insecure: bool | None = None,
     ) -> None:
         if self._initialized:  # __new__ returned the live probe
             return
@@ -164,6 +169,8 @@ class Probe:
         self.error: str | None = None
         self.endpoint: str | None = None
         self._listen = listen or os.environ.get(ENV_LISTEN)
+        # May bind where the network can read the stream (default: $GPUTOP_INSECURE).
+        self._insecure = _env_flag(ENV_INSECURE) if insecure is None else insecure
         self._flush_interval_s = flush_interval_s
         self._system_interval_s = system_interval_s
         self._data_path = data_path or os.environ.get(ENV_DATA_PATH)
@@ -217,10 +224,20 @@ class Probe:
         from gputop_dl.probe.transport import (  # zmq stays out of import time
             Publisher,
             TransportError,
+            listen_policy,
         )
 
         try:
             endpoint = self._listen or discovery.ipc_endpoint(self.pid)
+            refusal, warning = listen_policy(
+                endpoint, insecure=self._insecure, opt_in=f"set {ENV_INSECURE}=1"
+            )
+            if refusal is not None:
+                self._degrade(refusal)
+                return
+            if warning is not None and endpoint not in _access_warned:
+                _access_warned.add(endpoint)  # once per endpoint and process
+                log.warning("gputop probe: %s", warning)
             self._publisher = Publisher(endpoint)
             self.endpoint = self._publisher.endpoint
         except (TransportError, discovery.DiscoveryError, OSError) as exc:
@@ -721,6 +738,10 @@ def _device_names(torch: Any) -> tuple[str, ...]:
         return tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     except Exception:
         return ()
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _env_int(name: str) -> int | None:

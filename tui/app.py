@@ -28,7 +28,7 @@ from textual.widgets import Footer, Static
 
 from gputop_dl.probe.messages import Steps, System
 from gputop_dl.probe.samples import SystemSample
-from gputop_dl.tui.events import Received, Source, SourceEvent
+from gputop_dl.tui.events import BadInput, Received, Source, SourceEvent
 from gputop_dl.tui.state import ViewerState
 from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
 from gputop_dl.tui.widgets.banner import Banner
@@ -48,6 +48,11 @@ MIN_GRAPH_NARROW = 4  # the graph's rows on a short screen: its rule, two rows, 
 MIN_GRAPH_WIDE = 6  # (two rules with a border)
 MIN_PANEL_ROWS = 3
 FOOTER_ROWS = 1
+# What may wait for the UI thread, in step records (any other event counts 1). Applying a
+# full inbox takes tens of milliseconds, so a key press is never queued behind a backlog:
+# past this, routine steps and samples are dropped (and counted, shown as an error);
+# anything else may use twice the room before it is dropped too.
+INBOX_MAX = 20_000
 
 
 class SourceEvents(Message):
@@ -58,6 +63,13 @@ class SourceEvents(Message):
 def _urgent(event: SourceEvent) -> bool:
     """Worth a wake-up of the UI thread: anything but routine steps and samples."""
     return not (isinstance(event, Received) and isinstance(event.message, Steps | System))
+
+
+def _weight(event: SourceEvent) -> int:
+    """What applying ``event`` costs the UI thread, in step records."""
+    if isinstance(event, Received) and isinstance(event.message, Steps):
+        return max(1, len(event.message.records))
+    return 1
 
 
 def _tune_gc() -> None:
@@ -127,6 +139,9 @@ class GputopApp(App[None]):
         self._source_started = False
         # Events from the source's thread, applied on the UI thread.
         self._inbox: list[SourceEvent] = []
+        self._inbox_weight = 0  # step records (and other events) waiting, <= 2 * INBOX_MAX
+        self._inbox_dropped = 0  # events dropped since the inbox was last taken
+        self.events_dropped = 0  # in all
         self._inbox_lock = threading.Lock()
         self._wake_posted = False
         self._wake_for_any = True  # until a run shows: every batch is news
@@ -203,10 +218,21 @@ class GputopApp(App[None]):
 
         Routine steps and samples wait in the inbox for the next refresh (the screen
         changes only then: waking the UI thread for each batch costs CPU for nothing);
-        a new run, a hello, a problem, or anything before the first run wakes it."""
+        a new run, a hello, a problem, or anything before the first run wakes it.
+        The inbox is bounded (INBOX_MAX): under a flood the excess is dropped here, on the
+        source's thread, so the UI thread never has more than a refresh's worth to apply."""
         wake = self._wake_for_any or any(_urgent(event) for event in events)
         with self._inbox_lock:
-            self._inbox.extend(events)
+            weight = self._inbox_weight
+            for event in events:
+                cost = _weight(event)
+                room = INBOX_MAX if not _urgent(event) else 2 * INBOX_MAX
+                if weight + cost > room:
+                    self._inbox_dropped += 1
+                    continue
+                weight += cost
+                self._inbox.append(event)
+            self._inbox_weight = weight
             wake = wake and not self._wake_posted
             if wake:
                 self._wake_posted = True
@@ -216,7 +242,13 @@ class GputopApp(App[None]):
     def _take_inbox(self) -> list[SourceEvent]:
         with self._inbox_lock:
             events, self._inbox = self._inbox, []
+            dropped, self._inbox_dropped = self._inbox_dropped, 0
+            self._inbox_weight = 0
             self._wake_posted = False
+        if dropped:
+            self.events_dropped += dropped
+            text = f"viewer overloaded: {dropped} messages dropped (more arrive than it can show)"
+            events.append(BadInput(text, self.clock()))
         return events
 
     def _apply_inbox(self) -> bool:

@@ -4,8 +4,9 @@ Exit status, kept as UNIX tools keep theirs (scripts may rely on it):
 0 a run was found (``snapshot``) or the viewer was quit; 1 no run reachable (an endpoint
 that nothing listens on, a socket that does not exist, ``snapshot`` that found no run, an
 agent that could not bind); 2 a usage error (bad arguments, no terminal for the viewer,
-the viewer not installed); 128+n stopped by signal n (129 SIGHUP, 130 SIGINT, 143
-SIGTERM, 141 a closed pipe).
+the viewer not installed, an agent told to listen on the network without
+``--insecure``); 128+n stopped by signal n (129 SIGHUP, 130 SIGINT, 143 SIGTERM, 141 a
+closed pipe).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ EXIT_CODES = """exit status:
   0      a run was found (snapshot), or the viewer was quit
   1      no run reachable: nothing listens on the endpoint, no such socket,
          no run found (snapshot, list), the agent could not bind
-  2      usage error: bad arguments, no terminal for the viewer, viewer not installed
+  2      usage error: bad arguments, no terminal for the viewer, viewer not installed,
+         agent --listen on a network address without --insecure
   128+n  stopped by signal n: 129 SIGHUP, 130 SIGINT, 141 closed pipe, 143 SIGTERM"""
 
 
@@ -133,6 +135,20 @@ def listen_arg(text: str) -> str:
 
 def _error(command: str, text: str) -> None:
     print(f"{command}: {text}", file=sys.stderr)
+
+
+RUNTIME_DIR_FIX = f"set {discovery.ENV_RUNTIME_DIR} to a directory only you can enter (mode 0700)"
+
+
+def runtime_dir_refused() -> str | None:
+    """Why discovery cannot see any probe on this host (a refused runtime directory:
+    probes cannot register there either), or None."""
+    problem = discovery.runtime_dir_problem()
+    if problem is None:
+        return None
+    return (
+        f"the runtime directory is refused ({problem}), so no probe can be found; {RUNTIME_DIR_FIX}"
+    )
 
 
 def reachable(command: str, targets: list[str]) -> list[str]:
@@ -288,6 +304,11 @@ def cmd_demo(argv: list[str]) -> int:
     if importlib.util.find_spec("torch") is None:  # found, not imported: seconds saved
         _error("gputop demo", f"{DEMO_INSTALL} (or run make demo)")
         return EXIT_USAGE
+    try:
+        discovery.runtime_dir()  # the demo's socket goes there
+    except discovery.DiscoveryError as exc:
+        _error("gputop demo", f"cannot use the runtime directory ({exc}); {RUNTIME_DIR_FIX}")
+        return EXIT_NO_RUN
     with stop_on_signals(signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         try:
             return _run_demo(args.scenario, args.duration, tui=not args.no_tui)
@@ -407,7 +428,14 @@ def cmd_agent(argv: list[str]) -> int:
         metavar="ENDPOINT",
         type=listen_arg,
         help="where to listen (default: private ipc socket; e.g. tcp://127.0.0.1:5555, "
-        "tcp://127.0.0.1:* for any free port)",
+        "tcp://127.0.0.1:* for any free port). Loopback TCP is readable by every user of "
+        "this host; a wildcard or network address is refused without --insecure",
+    )
+    ap.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --listen on a wildcard or network address: anyone who can reach it "
+        "reads the samples (authenticated TCP is not available yet; prefer ssh -L)",
     )
     ap.add_argument(
         "--interval",
@@ -419,12 +447,15 @@ def cmd_agent(argv: list[str]) -> int:
     ap.add_argument("--name", default=None, help="name shown by viewers")
     args = ap.parse_args(argv)
     from gputop_dl.probe.core import Probe
+    from gputop_dl.probe.transport import listen_policy
 
-    if args.listen and args.listen.startswith("tcp://") and not _loopback(args.listen):
-        print(
-            f"warning: {args.listen} is reachable from other hosts and has no authentication",
-            file=sys.stderr,
-        )
+    if args.listen:
+        refusal, warning = listen_policy(args.listen, insecure=args.insecure, opt_in="--insecure")
+        if refusal is not None:
+            _error("gputop agent", refusal)
+            return EXIT_USAGE
+        if warning is not None:
+            print(f"gputop agent: warning: {warning}", file=sys.stderr)
     # The probe's own warning speaks to a training process ("Training continues
     # unmonitored"); the agent says what happens to it instead.
     probe_log = logging.getLogger("gputop.probe")
@@ -436,13 +467,13 @@ def cmd_agent(argv: list[str]) -> int:
             role="agent",
             sample_host=True,
             system_interval_s=args.interval,
+            insecure=args.insecure,
         )
     finally:
         probe_log.disabled = was_disabled
     if not agent.enabled:
         _error("gputop agent", f"could not start, nothing is published: {agent.error}")
         return EXIT_NO_RUN
-    print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     done = threading.Event()
     received: list[int] = []
 
@@ -450,18 +481,16 @@ def cmd_agent(argv: list[str]) -> int:
         received.append(sig)
         done.set()
 
+    # Before the line that tells a supervisor we are up: a signal sent on reading it
+    # must find these handlers, not Python's default KeyboardInterrupt.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+    print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     done.wait()
     agent.close("agent stopped")
     # SIGINT is how people stop it by hand (exit 0); SIGTERM/SIGHUP from a supervisor or a
     # lost terminal give 128+n, as for any process ended by a signal.
     return EXIT_OK if received[0] == signal.SIGINT else 128 + received[0]
-
-
-def _loopback(endpoint: str) -> bool:
-    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-    return host in ("127.0.0.1", "localhost", "::1")
 
 
 # ---------------------------------------------------------------------- snapshot
@@ -507,6 +536,8 @@ def cmd_snapshot(argv: list[str]) -> int:
         collector.stop()
     snap = collector.snapshot()
     print(json.dumps(snap, indent=2) if args.json else render_text(snap), flush=True)
+    if not snap["runs"] and not targets and (refused := runtime_dir_refused()) is not None:
+        _error("gputop snapshot", refused)
     return EXIT_OK if snap["runs"] else EXIT_NO_RUN
 
 
@@ -520,7 +551,10 @@ def cmd_list(argv: list[str]) -> int:
     ).parse_args(argv)
     records = discovery.discover()
     if not records:
-        print(f"no probe running on this host; {INSTRUMENT_HINT}", flush=True)
+        if (refused := runtime_dir_refused()) is not None:
+            _error("gputop list", refused)
+        else:
+            print(f"no probe running on this host; {INSTRUMENT_HINT}", flush=True)
         return EXIT_NO_RUN
     for r in records:
         age = time.time() - r.started
