@@ -306,7 +306,9 @@ def test_s_saves_the_screenshot_in_the_documented_folder(
 
 
 def test_a_real_hang_up_of_the_controlling_terminal_ends_the_viewer() -> None:
-    """The terminal closes (ssh dies with SIGHUP): the kernel's SIGHUP ends it, 129."""
+    """The terminal closes (ssh dies with SIGHUP): the viewer ends at once. The kernel sends
+    SIGHUP (129) and the input fails at the same moment; whichever the viewer sees first
+    ends it (end of input exits 0), so both are right -- what is wrong is staying alive."""
     pid, master = pty.fork()
     if pid == 0:  # the child: session leader, the pty is its controlling terminal
         os.execv(sys.executable, [*ENTRY, "--no-local"])
@@ -323,7 +325,7 @@ def test_a_real_hang_up_of_the_controlling_terminal_ends_the_viewer() -> None:
     while time.monotonic() < end:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP
+            assert os.waitstatus_to_exitcode(status) in (0, 128 + signal.SIGHUP)
             return
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
