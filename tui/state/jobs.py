@@ -240,8 +240,11 @@ class Jobs:
     ) -> JobSummary:
         figures = {run.source_id: _figures(run) for run, _ in members}
         if refresh_verdict is not None:
-            ranked = [(f.own_share, run) for run, _ in members if (f := figures[run.source_id])]
-            ranked = [(share, run) for share, run in ranked if share is not None]
+            ranked = [
+                (share, run)
+                for run, _ in members
+                if (f := figures[run.source_id]) is not None and (share := f.own_share) is not None
+            ]
             if len(ranked) >= 2:
                 refresh_verdict(max(ranked, key=lambda item: item[0])[1])
         job_hosts = sorted({run.host for run, _ in members if run.host is not None})

@@ -136,6 +136,7 @@ class ViewerState:
         self._roster = 0  # bumped when the list of runs or how one is named changes
         self._evictable_at = 0.0  # no source can be evicted before this viewer time
         self._jobs = Jobs()  # ranks of one job grouped, the job verdict (tui/state/jobs.py)
+        self._jobs_roster = -1  # the roster the jobs were grouped from: regroup when it moves
 
     # ------------------------------------------------------------------ input
 
@@ -323,7 +324,10 @@ class ViewerState:
         runs.sort(key=lambda item: item[0].slot or 0)
         names = labels([_who(run) for run, _ in runs])
         self._judge(runs, now)
-        self._jobs.update(runs, self._hosts, now, lambda run: self._refresh_verdict(run, now))
+        regroup, self._jobs_roster = self._roster != self._jobs_roster, self._roster
+        self._jobs.update(
+            runs, self._hosts, now, lambda run: self._refresh_verdict(run, now), force=regroup
+        )
         summaries = []
         for source, connection in runs:
             source.pending = self._pending_points(source, connection, now)
