@@ -112,7 +112,7 @@ class GputopApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("s", "save_screenshot", "Screenshot"),
         Binding("t", "toggle_processes", "Top procs"),
-        Binding("j", "rank_board", "Ranks"),
+        Binding("j", "rank_board", "Ranks", show=False),  # the banner says so for a job
         Binding("pagedown", "scroll_panels(1)", "Scroll", show=False),
         Binding("pageup", "scroll_panels(-1)", "Scroll", show=False),
         *(Binding(str(n), f"select_run({n})", f"Run {n}", show=False) for n in range(1, 10)),
