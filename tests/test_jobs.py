@@ -303,8 +303,8 @@ def test_tracker_needs_the_straggler_to_hold() -> None:
     assert tracker.update(strag, 1.0).kind == "alike"  # held 0 s
     assert tracker.update(alike, 2.0).kind == "alike"  # gone again: a blip
     assert tracker.update(strag, 3.0).kind == "alike"
-    assert tracker.update(strag, 4.0).kind == "alike"
-    shown = tracker.update(strag, 5.0)
+    assert tracker.update(strag, 3.5).kind == "alike"  # 2 updates, held 0.5 s
+    shown = tracker.update(strag, 4.0)
     assert shown.kind == "straggler" and shown.since == 3.0
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from gputop_dl.probe.messages import StepRecord
 from gputop_dl.tui.analysis.fmt import bps, dur, num, pct, pct_value
 from gputop_dl.tui.analysis.steps import enough_steps, recent, usable_steps
-from gputop_dl.tui.analysis.thresholds import PERSIST_S, PERSIST_UPDATES
 
 if TYPE_CHECKING:
     from gputop_dl.tui.analyzer import Verdict
@@ -34,6 +33,11 @@ MAD_SCALE = 1.4826  # MAD x this = the standard deviation of normally spread val
 MAX_SLOW_SHARE = 0.25  # more ranks slow than this (or > 1 of < 8): uneven, not stragglers
 SEVERE_SLOWER = 0.20  # a straggler costing the job >= 20 % is a warning, less is info
 MAX_LISTED = 12  # ranks named in one line of evidence
+# A new job verdict is shown after it held 1 s over 2 updates (about 2 s at the viewer's
+# 1 Hz): half the run verdicts' 2 s, as the rule already needs the gap without the rank's
+# worst step; a straggler is then named ~3 s after it starts (goal: within 5 s).
+PERSIST_S = 1.0
+PERSIST_UPDATES = 2
 # A phase whose name contains one of these may hold a collective (or wait for one): it is
 # not the rank's own time. DDP all-reduces inside backward, ZeRO/FSDP gather in the
 # optimizer step and forward; "forward" is still counted, as plain DDP has none there.
@@ -387,8 +391,8 @@ def _identity(verdict: JobVerdict) -> tuple[str, str | None]:
 
 class JobTracker:
     """Hysteresis over successive job verdicts (clock-free): a new kind or straggler is
-    shown after it held PERSIST_S over PERSIST_UPDATES updates, so one slow moment does
-    not name a rank; the first verdict, and "waiting", are shown at once."""
+    shown after it held PERSIST_S over PERSIST_UPDATES consecutive updates, so one slow
+    moment does not name a rank; the first verdict, and "waiting", are shown at once."""
 
     def __init__(self) -> None:
         self._shown: JobVerdict | None = None
