@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gputop_dl.probe.jobenv import JobIdentity, job_identity
@@ -281,7 +283,29 @@ def test_alike_gives_the_common_verdict() -> None:
     assert v.severity == "warning"
 
 
+def test_a_hung_job_names_the_rank_that_is_behind() -> None:
+    stalled = verdict("stalled", severity="critical")
+    ranks = [replace(rank(r, v=stalled), last_index=1201) for r in range(8) if r != 5]
+    ranks.append(replace(rank(5, v=stalled, host="node2"), last_index=1200))
+    v = judge_job(ranks, 8)
+    assert (v.kind, v.straggler_rank, v.cause, v.severity) == (
+        "straggler",
+        5,
+        "stalled",
+        "critical",
+    )
+    assert v.headline == (
+        "rank 5 on node2 holds the job: it stopped after step 1200, the others reached step 1201"
+    )
+    # all at the same step: nobody is behind, they are alike (stalled)
+    level = [replace(r, last_index=1201) for r in ranks]
+    assert judge_job(level, 8).kind == "alike"
+    assert judge_job(level, 8).cause == "stalled"
+
+
 def test_missing_ranks_are_listed() -> None:
+    # a publisher claiming an absurd world is judged without counting to it
+    assert judge_job([rank(0), rank(1)], 2**63 - 1).missing == ()
     v = judge_job([rank(0), rank(2), rank(3)], 8)
     assert v.missing == (1, 4, 5, 6, 7)
     assert any("not heard from: rank 1, 4, 5, 6, 7 (3 of 8 reporting)" in e for e in v.evidence)

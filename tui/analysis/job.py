@@ -33,6 +33,7 @@ MAD_SCALE = 1.4826  # MAD x this = the standard deviation of normally spread val
 MAX_SLOW_SHARE = 0.25  # more ranks slow than this (or > 1 of < 8): uneven, not stragglers
 SEVERE_SLOWER = 0.20  # a straggler costing the job >= 20 % is a warning, less is info
 MAX_LISTED = 12  # ranks named in one line of evidence
+MAX_WORLD = 1 << 17  # larger world sizes are not checked for missing ranks
 # A new job verdict is shown after it held 1 s over 2 updates (about 2 s at the viewer's
 # 1 Hz): half the run verdicts' 2 s, as the rule already needs the gap without the rank's
 # worst step; a straggler is then named ~3 s after it starts (goal: within 5 s).
@@ -147,6 +148,7 @@ class RankInput:
     host: str | None
     figures: RankFigures | None
     verdict: Verdict | None  # its own verdict (the analyzer's), if judged yet
+    last_index: int | None = None  # index of its newest step
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,9 @@ def _host_line(
 
 
 def _missing(ranks: Sequence[RankInput], world_size: int | None) -> tuple[int, ...]:
-    if not world_size:
+    """Ranks of the world not heard from; none listed for an implausible world (a
+    publisher may claim any size: the viewer must not count to 2**63)."""
+    if not world_size or world_size > MAX_WORLD:
         return ()
     present = {r.rank for r in ranks}
     return tuple(r for r in range(world_size) if r not in present)
@@ -225,6 +229,9 @@ def judge_job(
         notes.append(
             f"not heard from: rank {_ranks_text(missing)} ({len(ranks)} of {world_size} reporting)"
         )
+    hung = _hang(ranks, notes, missing)
+    if hung is not None:
+        return hung
     compared = [r for r in ranks if r.figures is not None and r.figures.own_share is not None]
     blind = [r.rank for r in ranks if r.figures is not None and r.figures.own_share is None]
     if blind:
@@ -272,6 +279,46 @@ def judge_job(
         return _alike(compared, notes, missing)
     return _straggler(
         slow_ranks, [r for r in compared if r not in slow_ranks], hosts, notes, missing
+    )
+
+
+def _hang(
+    ranks: Sequence[RankInput], notes: list[str], missing: tuple[int, ...]
+) -> JobVerdict | None:
+    """Most ranks stalled: the rank whose step index is behind did not reach the collective
+    the others wait in (it holds the job). None when no hang, or nobody is behind."""
+    stalled = [r for r in ranks if r.verdict is not None and r.verdict.kind == "stalled"]
+    if len(ranks) < 2 or 2 * len(stalled) <= len(ranks):
+        return None
+    indexed = [r for r in ranks if r.last_index is not None]
+    if not indexed:
+        return None
+    top = max(r.last_index or 0 for r in indexed)
+    behind = sorted(
+        (r for r in indexed if (r.last_index or 0) < top), key=lambda r: r.last_index or 0
+    )
+    if not behind or len(behind) > max(1, int(MAX_SLOW_SHARE * len(ranks))):
+        return None
+    worst = behind[0]
+    where = f" on {worst.host}" if worst.host else ""
+    others = f"rank {_ranks_text([r.rank for r in behind[1:]])} also behind; " if behind[1:] else ""
+    return JobVerdict(
+        "straggler",
+        "critical",
+        f"rank {worst.rank}{where} holds the job: it stopped after step {worst.last_index}, "
+        f"the others reached step {top}",
+        straggler=worst.key,
+        straggler_rank=worst.rank,
+        straggler_host=worst.host,
+        cause="stalled",
+        evidence=(
+            f"{others}the others wait for it inside a collective; see what it does: "
+            f"py-spy dump --pid <its pid> on {worst.host or 'its node'}",
+            *notes,
+        ),
+        slow=tuple(r.key for r in behind),
+        reporting=len(ranks),
+        missing=missing,
     )
 
 

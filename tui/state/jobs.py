@@ -256,6 +256,7 @@ class Jobs:
                 run.host,
                 figures[run.source_id] if connection.state == LIVE else None,
                 run.verdict,
+                run.last_index,
             )
             for run, connection in members
         ]
