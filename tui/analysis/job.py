@@ -12,6 +12,7 @@ own verdict says why. ``docs/verdicts.md`` ("Jobs") states the rule; pure functi
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -67,6 +68,7 @@ _CAUSE_FIGURE = {
 }
 
 
+@functools.lru_cache(maxsize=1024)  # phase names repeat every step
 def is_collective(phase: str) -> bool:
     name = phase.lower()
     return any(word in name for word in COLLECTIVE_WORDS)
@@ -93,38 +95,47 @@ def rank_figures(steps: Sequence[StepRecord], window_s: float = JOB_WINDOW_S) ->
     window = recent(usable_steps(steps), window_s)
     if not window or not enough_steps(window):
         return None
-    span = sum(s.period_s for s in window)
-    if span <= 0:
-        return None
-    waits = [s.wait_s for s in window if s.wait_s is not None]
+    # One pass: 512 ranks are judged every second.
+    span = wait_sum = own_total = longest_own = longest_period = 0.0
+    waited = counted = samples = 0
+    known = False
     parts: dict[str, float] = {}
-    own_steps: list[float] = []
-    known = bool(waits)
+    periods: list[float] = []
     for s in window:
-        own = s.wait_s or 0.0
+        period = s.period_s
+        span += period
+        periods.append(period)
+        own = 0.0
+        if s.wait_s is not None:
+            own = s.wait_s
+            wait_sum += own
+            waited += 1
         for name, seconds in s.phases:
             if not is_collective(name):
                 parts[name] = parts.get(name, 0.0) + seconds
                 own += seconds
                 known = True
-        own_steps.append(own)
-    if waits:
-        parts = {DATA_WAIT: sum(waits), **parts}
-    own_total = sum(own_steps)
-    samples = [s.samples for s in window if s.samples is not None]
+        if s.samples is not None:
+            samples += s.samples
+            counted += 1
+        own_total += own
+        if own > longest_own:
+            longest_own, longest_period = own, period
+    if span <= 0:
+        return None
+    known = known or waited > 0
+    if waited:
+        parts = {DATA_WAIT: wait_sum, **parts}
     n = len(window)
-    trimmed: float | None = None
-    if known:
-        longest = max(range(n), key=lambda i: own_steps[i])
-        rest = span - window[longest].period_s
-        trimmed = (own_total - own_steps[longest]) / rest if rest > 0 else None
+    rest = span - longest_period
+    trimmed = (own_total - longest_own) / rest if known and rest > 0 else None
     return RankFigures(
         steps=n,
         span_s=span,
-        period_s=statistics.median(s.period_s for s in window),
+        period_s=statistics.median(periods),
         steps_per_s=n / span,
-        samples_per_s=sum(samples) / span if len(samples) == n else None,
-        wait_share=sum(waits) / span if waits else None,
+        samples_per_s=samples / span if counted == n else None,
+        wait_share=wait_sum / span if waited else None,
         own_share=own_total / span if known else None,
         trimmed_share=trimmed,
         parts=tuple((name, seconds / n) for name, seconds in parts.items()),
