@@ -412,3 +412,22 @@ def test_five_hundred_twelve_ranks_one_job() -> None:
     (job,) = state.jobs
     assert len(job.ranks) == 512 and state.source_count == 512
     assert job.verdict is not None and job.verdict.straggler_rank == 300
+
+
+def test_an_initialised_process_group_gives_rank_and_world() -> None:
+    """Lightning sets no RANK: the probe reads the real torch process group."""
+    import socket
+
+    dist = pytest.importorskip("torch.distributed")
+    from gputop_dl.probe.jobenv import process_group
+
+    assert process_group() is None  # not initialised
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        assert process_group() == (0, 1)
+    finally:
+        dist.destroy_process_group()
+    assert process_group() is None
