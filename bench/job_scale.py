@@ -73,10 +73,12 @@ def sample(node, now, slow):
 hellos = {r: hello(r) for r in ranks}
 index = dict.fromkeys(ranks, 0)
 tick = 0
+late = 0.0  # how far this publisher itself fell behind its schedule (a loaded machine)
 next_at = time.time()
 while time.time() - start < seconds:
     next_at += STEP
     now = time.time()
+    late = max(late, now - next_at + STEP)
     for r in ranks:
         if tick % 20 == r % 20:  # hellos spread over the 2 s
             pub.send(hellos[r])
@@ -90,6 +92,8 @@ while time.time() - start < seconds:
             pub.send(sample(node, now, slow))
     tick += 1
     time.sleep(max(0.0, next_at - time.time()))
+if len(sys.argv) > 9:
+    open(sys.argv[9], "w").write(str(late))
 time.sleep(2.0)
 """
 
@@ -153,7 +157,8 @@ def start_ranks(
 ) -> list[subprocess.Popen[bytes]]:
     """Start ``world`` simulated ranks split evenly over ``endpoints``, one publisher
     process per endpoint (each binds it). Rank ``straggler`` waits 40 ms a step for its
-    data from Unix time ``straggle_at``; all stop after ``seconds``."""
+    data from Unix time ``straggle_at``; all stop after ``seconds``, each writing how late
+    it ran (seconds behind its own schedule, at worst) to ``late-<i>.txt`` there."""
     folder = script_dir or Path(tempfile.mkdtemp(prefix="gputop-ranks-"))
     script = folder / "ranks.py"
     script.write_text(RANKS_SCRIPT)
@@ -163,7 +168,8 @@ def start_ranks(
         first, last = i * per, min(world, (i + 1) * per)
         if first >= last:
             break
-        args = [endpoint, first, last, world, job, straggler, straggle_at, seconds]
+        late = folder / f"late-{i}.txt"
+        args = [endpoint, first, last, world, job, straggler, straggle_at, seconds, late]
         procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)]))
     return procs
 
@@ -213,6 +219,10 @@ def run_once(tmp: Path, rng: random.Random) -> dict[str, float | int | str | Non
             proc.wait()
         viewer.wait()
     result["straggler"] = straggler
+    lateness = [float(p.read_text()) for p in tmp.glob("late-*.txt")]
+    result["publisher_late_s"] = max(lateness) if lateness else None
+    for p in tmp.glob("late-*.txt"):
+        p.unlink()
     return result
 
 
@@ -237,6 +247,7 @@ def main() -> None:
     cpu: list[float] = []
     worst: list[float] = []
     median_lag: list[float] = []
+    publisher_late: list[float] = []
     missed = 0
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(REPEATS):
@@ -245,6 +256,7 @@ def main() -> None:
                 f"  straggler rank {r['straggler']}: named after {_fmt(r['named_after_s'])} s; "
                 f"viewer {_fmt(r['cpu_pct'])} % of one core; behind: worst rank "
                 f"{_fmt(r['lag_worst_s'])} s, median {_fmt(r['lag_median_s'])} s; "
+                f"publishers at worst {_fmt(r['publisher_late_s'])} s late; "
                 f"{r['ranks']} ranks; RSS {int(r['rss'] or 0) / 2**20:.0f} MiB; "
                 f"verdict: {r['verdict']}"
             )
@@ -257,10 +269,13 @@ def main() -> None:
                     values.append(float(r[key]))  # type: ignore[arg-type]
             if isinstance(r["lag_median_s"], float):
                 median_lag.append(r["lag_median_s"])
+            if isinstance(r["publisher_late_s"], float):
+                publisher_late.append(r["publisher_late_s"])
     print(f"straggler named after: {spread(named, ' s')}; not named in {missed} of {REPEATS}")
     print(f"viewer CPU: {spread(cpu, ' % of one core')}")
     print(f"behind (worst rank, worst moment): {spread(worst, ' s')}")
     print(f"behind (median rank): {spread(median_lag, ' s')}")
+    print(f"publishers' own lateness (worst): {spread(publisher_late, ' s')}")
 
 
 if __name__ == "__main__":
