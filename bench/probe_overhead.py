@@ -151,9 +151,9 @@ def components() -> None:
         p._steps.clear()
         p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
         c0 = time.thread_time()
-        records = p._drain(_DrainState(), 0.0, force=False)
+        base, records = p._drain(_DrainState(), 0.0, force=False)
         for i in range(0, n, 2000):
-            encode_steps("host:1", records[i : i + 2000], 0, 0, 0)
+            encode_steps("host:1", base, records[i : i + 2000], 0, 0, 0)
         # the extend above is the training thread's work: keep it out of the figure
         publisher_s.append(time.thread_time() - c0)
 
