@@ -54,6 +54,7 @@ DEVICE_EVENT_TIMEOUT_S = 5.0
 HISTORY_S = 120.0
 HISTORY_MAX_STEPS = 20_000
 HISTORY_SYSTEMS = 60
+BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 us)
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
@@ -562,7 +563,8 @@ class Probe:
                     replay_due, last_replay = False, now
                     for frames in list(systems):
                         send(frames)
-                    send_steps(*_merged(history))
+                    for base_time, rows in _by_base(history):
+                        send_steps(base_time, rows)
                 if stopping:
                     send_message(Bye(self.source_id, self._bye_reason, self._index))
                     break
@@ -574,9 +576,7 @@ class Probe:
         time.sleep(0.05)
         pub.close()
 
-    def _drain(
-        self, st: _DrainState, wall_offset: float, force: bool
-    ) -> tuple[float, list[_Wire]]:
+    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> tuple[float, list[_Wire]]:
         """Turn what the training thread queued into wire records (publisher thread):
         (base Unix time, rows whose ends are microseconds after it)."""
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
@@ -598,7 +598,7 @@ class Probe:
             # Host timing: one comprehension over the raw tuples, nothing else per step.
             # Times are perf_counter readings: durations >= 0, ends >= the first end, so
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
-            b = raws[0][3]
+            b = st.base_for(raws[0][3])
             trunc = math.trunc
             if phases:
                 with_phases: list[_Wire] = [
@@ -635,7 +635,7 @@ class Probe:
         pending = st.pending
         pending.extend((raw, now) for raw in raws)
         out: list[_Wire] = []
-        b = pending[0][0][3] if pending else 0.0
+        b = st.base_for(pending[0][0][3]) if pending else 0.0
         while pending:
             raw, queued = pending[0]
             index, t0, t1, t_next, n, ev_start, ev_end = raw
@@ -684,6 +684,15 @@ class _DrainState:
     ev_end: Any = None  # the last drained step's end event, its host time and period
     t_end: float | None = None
     period: float | None = None
+    base: float | None = None  # perf_counter time the wire rows' ends count from
+
+    def base_for(self, first_end: float) -> float:
+        """The base for rows whose earliest end is ``first_end``: the same one for an hour,
+        so that history replays merge batches without touching a row (and repeat them
+        exactly), while offsets stay under 2^32 us (5 bytes on the wire)."""
+        if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
+            self.base = first_end
+        return self.base
 
 
 def _us(seconds: float) -> int:
@@ -716,16 +725,15 @@ def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon:
     return kept
 
 
-def _merged(history: deque[tuple[float, list[_Wire]]]) -> tuple[float, list[_Wire]]:
-    """All history rows relative to the oldest batch's base (for a replay; rare)."""
-    if not history:
-        return 0.0, []
-    first = history[0][0]
-    rows: list[_Wire] = []
-    for base, batch in history:
-        shift = int((base - first) * _US + 0.5)
-        rows.extend(batch if not shift else [(r[0], r[1] + shift, *r[2:]) for r in batch])  # type: ignore[misc]
-    return first, rows
+def _by_base(history: deque[tuple[float, list[_Wire]]]) -> list[tuple[float, list[_Wire]]]:
+    """History rows grouped by their base (one group, unless an hour's epoch ended)."""
+    groups: list[tuple[float, list[_Wire]]] = []
+    for base, rows in history:
+        if groups and groups[-1][0] == base:
+            groups[-1][1].extend(rows)
+        else:
+            groups.append((base, list(rows)))
+    return groups
 
 
 def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:

@@ -116,7 +116,8 @@ _encoder = msgspec.msgpack.Encoder()
 _envelope = msgspec.msgpack.Decoder(_Envelope)
 _source_only = msgspec.msgpack.Decoder(_SourceOnly)
 _decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    kind: msgspec.msgpack.Decoder(_WireSteps if cls is Steps else cls) for kind, cls in KINDS.items()
+    kind: msgspec.msgpack.Decoder(_WireSteps if cls is Steps else cls)
+    for kind, cls in KINDS.items()
 }
 _TOPICS = {kind: TOPIC_PREFIX + kind.encode() for kind in KINDS}
 

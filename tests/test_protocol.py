@@ -326,7 +326,7 @@ def test_a_step_record_is_a_short_array_on_the_wire() -> None:
     # integers in microseconds, far below the 56 bytes of floats in seconds.
     record = StepRecord(999_999, 1700000001.1, 0.0123, 0.0021, 256, 0.0101, 0.0004, (), True)
     first = StepRecord(999_990, 1700000001.0, 0.0123, 0.0021, 256)
-    base, rows = wire_rows((first, record))
+    _base, rows = wire_rows((first, record))
     packed = msgspec.msgpack.encode(rows[1])
     assert msgpack.unpackb(packed) == [999_999, 100_000, 12_300, 2_100, 256, 10_100, 400, [], True]
     assert len(packed) <= 40
