@@ -91,7 +91,9 @@ TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time
 _Micros = Annotated[int, msgspec.Meta(ge=0, le=10**13)]  # a duration: [0, 1e7] s
 
 
-class _WireStep(msgspec.Struct, array_like=True, frozen=True):
+# gc=False: a record holds numbers, strings and tuples of them (no cycles possible), so
+# the collector need not track the many thousands a viewer decodes.
+class _WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
     index: Count
     end_us: _Micros  # the step's end, microseconds after the message's base_time
     period_us: _Micros
