@@ -7,11 +7,17 @@ subscriber attached (in this parent process, so its cost is not counted) and sto
 clock only after ``probe.close()`` has flushed and sent everything: the publisher
 thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
 
+The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, so the
+whole-process figure splits into the training thread, the publisher thread and zmq's I/O
+thread (read just before ``close()``), and the rest (the final flush in ``close()``).
+
 On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
 probe's cost, so the second section also profiles the probe's own parts in this process
-(CPU time of the calling thread, repeated): the training-thread path (what ``watch`` adds
-around ``next()``: two clock reads, the sample count, the record) and the publisher's per-step
-work (drain to wire records, msgspec encoding, history).
+(CPU time of the calling thread, repeated): the training-thread path between real ~100 us
+steps (blocks of watched and bare steps in turn: caches as a real step leaves them) and
+in a tight loop (what ``watch`` adds around ``next()``: two clock reads, the sample
+count, the record), and the publisher's per-step work (drain to wire records, msgspec
+encoding).
 
     python bench/probe_overhead.py [pairs]
 """
