@@ -10,6 +10,7 @@ else. Nothing is ever unpickled. See ``docs/protocol.md``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
@@ -89,6 +90,8 @@ class _SourceOnly(msgspec.Struct):
 MICROS = 1_000_000
 TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time)
 _Micros = Annotated[int, msgspec.Meta(ge=0, le=10**13)]  # a duration: [0, 1e7] s
+_MAX_OFFSET_S = 1e7
+_end_us = attrgetter("end_us")
 
 
 # gc=False: a record holds numbers, strings and tuples of them (no cycles possible), so
@@ -237,7 +240,12 @@ def _decode(frames: Sequence[bytes]) -> Message:
 def _steps_from_wire(wire: _WireSteps) -> Steps:
     """Seconds and Unix times again: the viewer's records are floats."""
     base, rows = wire.base_time, wire.records
-    if rows and base + max(r.end_us for r in rows) / MICROS > TIME_MAX:
+    # An offset is at most 1e7 s: only a base that close to the limit needs a look at each.
+    if (
+        base > TIME_MAX - _MAX_OFFSET_S
+        and rows
+        and base + max(map(_end_us, rows)) / MICROS > TIME_MAX
+    ):
         raise MalformedMessage("steps: a record ends after the year 2286")
     us = float(MICROS)
     sr = StepRecord
