@@ -7,11 +7,17 @@ subscriber attached (in this parent process, so its cost is not counted) and sto
 clock only after ``probe.close()`` has flushed and sent everything: the publisher
 thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
 
+The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, so the
+whole-process figure splits into the training thread, the publisher thread and zmq's I/O
+thread (read just before ``close()``), and the rest (the final flush in ``close()``).
+
 On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
 probe's cost, so the second section also profiles the probe's own parts in this process
-(CPU time of the calling thread, repeated): the training-thread path (what ``watch`` adds
-around ``next()``: two clock reads, the sample count, the record) and the publisher's per-step
-work (drain to wire records, msgspec encoding, history).
+(CPU time of the calling thread, repeated): the training-thread path between real ~100 us
+steps (blocks of watched and bare steps in turn: caches as a real step leaves them) and
+in a tight loop (what ``watch`` adds around ``next()``: two clock reads, the sample
+count, the record), and the publisher's per-step work (drain to wire records, msgspec
+encoding).
 
     python bench/probe_overhead.py [pairs]
 """
@@ -31,11 +37,29 @@ from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
 PAIRS = 12
+PARTS: dict[str, list[tuple[float, float, float]]] = {}  # publisher, zmq I/O, close + rest
 
 CHILD = r"""
-import sys, time
+import os, sys, time
 import numpy as np
 from gputop_dl import probe
+
+def threads():  # CPU ns of every thread of this process, by thread name (Linux)
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue
+        if tid == str(os.getpid()):
+            name = "main"
+        elif PUBLISHER is not None and tid == str(PUBLISHER):
+            name = "publisher"
+        out[name] = out.get(name, 0) + ns
+    return out
 
 STEPS = int(sys.argv[2])
 batches = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
@@ -47,15 +71,20 @@ def work():  # ~100 us of Python
     return x
 
 mode = sys.argv[1]
+PUBLISHER = None
 if mode == "probe":
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
+    PUBLISHER = p._thread.native_id
     print(p.endpoint, flush=True)
     sys.stdin.readline()  # the parent's subscriber is attached
     time.sleep(0.5)
+    before = threads()
     c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in p.watch(batches):
         work()
     w1, m1 = time.perf_counter(), time.thread_time()
+    # the publisher and zmq threads end in close(): read them just before
+    parts = {k: (v - before.get(k, 0)) / 1e9 for k, v in threads().items()}
     p.close()
     c1 = time.process_time()
 else:
@@ -67,7 +96,9 @@ else:
         work()
     w1, m1 = time.perf_counter(), time.thread_time()
     c1 = time.process_time()
-print(c1 - c0, w1 - w0, m1 - m0, flush=True)
+    parts = {}
+print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
+      sum(v for k, v in parts.items() if k.startswith("ZMQ")), flush=True)
 """
 
 
@@ -100,7 +131,8 @@ def run(mode: str) -> tuple[float, float, float, int]:
         received += len(sub.receive(0.2, max_messages=100_000))
         sub.close()
     child.wait()
-    cpu, wall, main_cpu = (float(x) for x in line.split())
+    cpu, wall, main_cpu, publisher, zmq_io = (float(x) for x in line.split())
+    PARTS.setdefault(mode, []).append((publisher, zmq_io, cpu - main_cpu - publisher - zmq_io))
     return cpu, wall, main_cpu, received
 
 
@@ -151,14 +183,15 @@ def components() -> None:
         p._steps.clear()
         p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
         c0 = time.thread_time()
-        records = p._drain(_DrainState(), 0.0, force=False)
+        base, records = p._drain(_DrainState(), 0.0, force=False)
         for i in range(0, n, 2000):
-            encode_steps("host:1", records[i : i + 2000], 0, 0, 0)
+            encode_steps("host:1", base, records[i : i + 2000], 0, 0, 0)
         # the extend above is the training thread's work: keep it out of the figure
         publisher_s.append(time.thread_time() - c0)
 
     publisher_s: list[float] = []
     print("probe parts, CPU per step in this process (15 repeats of 20000)")
+    in_context(p, batch)
     watched = per_call_us(watched_loop, n)
     bare = statistics.median(per_call_us(bare_loop, n))
     print(f"  training thread, watch() around next():    {spread([w - bare for w in watched])}")
@@ -168,6 +201,33 @@ def components() -> None:
         publisher()
     drained = [x / n * 1e6 for x in publisher_s]
     print(f"  publisher thread, drain + encode:          {spread(drained)}")
+
+
+def in_context(p: Probe, batch: object) -> None:
+    """The training-thread cost between real work: blocks of 2000 steps of ~100 us of
+    Python, watched and bare in turn (one process: no process-to-process noise); caches
+    are as cold as a real step leaves them, unlike the tight loops below."""
+    n = 2_000
+    batches = [batch] * n
+
+    def work() -> int:
+        x = 0
+        for i in range(1200):
+            x += i
+        return x
+
+    diffs = []
+    for _ in range(20):
+        spent = {}
+        for mode in ("bare", "watched"):
+            p._steps.clear()
+            loop = p.watch(batches) if mode == "watched" else batches
+            c0 = time.thread_time()
+            for _ in loop:
+                work()
+            spent[mode] = time.thread_time() - c0
+        diffs.append((spent["watched"] - spent["bare"]) / n * 1e6)
+    print(f"  training thread between ~100 us steps:     {spread(diffs)} (20 block pairs)")
 
 
 def main() -> None:
@@ -190,6 +250,9 @@ def main() -> None:
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
     print(f"  of which the training thread's CPU:      {spread(main_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
+    parts = PARTS["probe"]
+    for i, name in enumerate(("publisher thread (loop)", "zmq I/O thread (loop)", "close + rest")):
+        print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
     components()
 
 

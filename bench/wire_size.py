@@ -1,6 +1,7 @@
-"""Bytes per step record on the wire (protocol 2: a msgpack array per record), for the
-record shapes a training produces, what a 2 000-record steps message weighs, and the
-CPU a reader spends decoding it (median and spread of repeats).
+"""Bytes per step record on the wire (protocol 2: a msgpack array of integers per record,
+times in microseconds, the end after the message's base time), for the record shapes a
+training produces, what a 2 000-record steps message weighs, and the CPU a reader spends
+decoding it into float-seconds records (median and spread of repeats).
 
     python bench/wire_size.py
 """
@@ -13,7 +14,7 @@ import time
 import msgspec
 
 from gputop_dl.probe.messages import StepRecord, Steps
-from gputop_dl.probe.protocol import decode, encode
+from gputop_dl.probe.protocol import decode, encode, wire_rows
 
 REPEATS = 30
 
@@ -29,14 +30,19 @@ SHAPES = {
 
 
 def main() -> None:
-    print("bytes per step record (goal <= 40)")
+    print("bytes per step record, 100 ms into its message (goal <= 40)")
     for name, record in SHAPES.items():
-        print(f"  {name:<28} {len(msgspec.msgpack.encode(record)):>4} B")
+        # the message's first step ended 100 ms earlier (one flush): a typical offset
+        first = StepRecord(record.index - 8, record.end_time - 0.1, 0.0123, None, None)
+        _base, rows = wire_rows((first, record))
+        print(f"  {name:<28} {len(msgspec.msgpack.encode(rows[1])):>4} B")
     for name, record in SHAPES.items():
         n = 2_000
         records = tuple(
             StepRecord(
-                record.index + i, *[getattr(record, f) for f in record.__struct_fields__[1:]]
+                record.index + i,
+                record.end_time + i * record.period_s,
+                *[getattr(record, f) for f in record.__struct_fields__[2:]],
             )
             for i in range(n)
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import socket
 import statistics
@@ -25,12 +26,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import call
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
-from gputop_dl.probe.protocol import encode, encode_steps
+from gputop_dl.probe.protocol import MICROS, encode, encode_steps
 from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
@@ -51,6 +54,7 @@ DEVICE_EVENT_TIMEOUT_S = 5.0
 HISTORY_S = 120.0
 HISTORY_MAX_STEPS = 20_000
 HISTORY_SYSTEMS = 60
+BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 us)
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
@@ -74,8 +78,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
 _Raw = tuple[int, float, float, float, Any, Any, Any]
-# A step record in its wire form (StepRecord field order, docs/protocol.md).
-_Wire = tuple[int, float, float, float | None, Any, Any, Any, Any, Any]
+# A step record in its wire form (StepRecord field order, docs/protocol.md): durations
+# in integer microseconds, the end in microseconds after its batch's base time.
+_Wire = tuple[int, int, int, int | None, Any, Any, Any, Any, Any]
+_US = float(MICROS)
 
 
 class Phase:
@@ -473,14 +479,16 @@ class Probe:
         counters = [0, 0]  # sent, dropped
         wall_offset = time.time() - time.perf_counter()
         drain = _DrainState()
-        history: deque[_Wire] = deque(maxlen=HISTORY_MAX_STEPS)
+        # (base Unix time, wire rows) per drain: the rows' ends are relative to the base.
+        history: deque[tuple[float, list[_Wire]]] = deque()
+        kept = 0  # rows in history
         systems: deque[list[bytes]] = deque(maxlen=HISTORY_SYSTEMS)
         last_hello = last_extra_hello = 0.0
         last_replay = -REPLAY_MIN_INTERVAL_S
         replay_due = False
         published = 0
         last_end: float | None = None
-        periods: deque[float] = deque(maxlen=PERIODS_KEPT)  # the typical step period
+        periods: deque[int] = deque(maxlen=PERIODS_KEPT)  # the typical step period, us
         busy = True
         self._gather_facts()
 
@@ -499,14 +507,14 @@ class Probe:
                 return
             send(frames)
 
-        def send_steps(records: list[_Wire]) -> None:
+        def send_steps(base: float, records: list[_Wire]) -> None:
             for i in range(0, len(records), RECORDS_PER_MESSAGE):
                 chunk = records[i : i + RECORDS_PER_MESSAGE]
                 sent, dropped = counters
-                send(encode_steps(self.source_id, chunk, sent, dropped, drain.dropped_steps))
+                send(encode_steps(self.source_id, base, chunk, sent, dropped, drain.dropped_steps))
 
         def send_hello() -> None:
-            typical = statistics.median(periods) if periods else None
+            typical = statistics.median(periods) / _US if periods else None
             send_message(self.hello((published, last_end, typical)))
 
         while True:
@@ -521,16 +529,14 @@ class Probe:
                     if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
                         last_extra_hello = now
                         self._hello_dirty.set()
-                records = self._drain(drain, wall_offset, force=stopping)
+                base, records = self._drain(drain, wall_offset, force=stopping)
                 busy = bool(records or drain.pending or self._steps)
                 if records:
                     published += len(records)
-                    last_end = records[-1][1]
+                    last_end = base + records[-1][1] / _US
                     periods.extend([r[2] for r in records[-PERIODS_KEPT:]])
-                    history.extend(records)
-                    horizon = time.time() - HISTORY_S
-                    while history and history[0][1] < horizon:
-                        history.popleft()
+                    history.append((base, records))
+                    kept = _trim_history(history, kept + len(records), time.time() - HISTORY_S)
                 if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
                     self._hello_dirty.clear()
                     if self._device is None:
@@ -541,7 +547,7 @@ class Probe:
                     state, t, index, how = self._loop_events.popleft()
                     send_message(Loop(self.source_id, state, t, index, how))
                 if records:
-                    send_steps(records)
+                    send_steps(base, records)
                 if self._sampler is not None:
                     for sample in self._sampler.take():
                         try:
@@ -557,7 +563,8 @@ class Probe:
                     replay_due, last_replay = False, now
                     for frames in list(systems):
                         send(frames)
-                    send_steps(list(history))
+                    for base_time, rows in _by_base(history):
+                        send_steps(base_time, rows)
                 if stopping:
                     send_message(Bye(self.source_id, self._bye_reason, self._index))
                     break
@@ -569,10 +576,11 @@ class Probe:
         time.sleep(0.05)
         pub.close()
 
-    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> list[_Wire]:
-        """Turn what the training thread queued into wire records (publisher thread)."""
-        pop = self._steps.popleft  # the training thread appends meanwhile: pop, not iterate
-        raws = [pop() for _ in range(len(self._steps))]
+    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> tuple[float, list[_Wire]]:
+        """Turn what the training thread queued into wire records (publisher thread):
+        (base Unix time, rows whose ends are microseconds after it)."""
+        # The training thread appends meanwhile: pop (in a C loop), not iterate.
+        raws = list(map(call, repeat(self._steps.popleft, len(self._steps))))
         log = self._phase_log
         phases = st.phases
         for _ in range(len(log)):  # after the steps: a step's phases are logged before it
@@ -585,14 +593,20 @@ class Probe:
             st.next_index = raws[-1][0] + 1
         timer = self._timer
         if timer is None and not st.pending:
+            if not raws:
+                return 0.0, []
             # Host timing: one comprehension over the raw tuples, nothing else per step.
+            # Times are perf_counter readings: durations >= 0, ends >= the first end, so
+            # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
+            b = st.base_for(raws[0][3])
+            trunc = math.trunc
             if phases:
                 with_phases: list[_Wire] = [
                     (
                         i,
-                        tn + wall_offset,
-                        tn - t0,
-                        None if t1 < 0 else t1 - t0,
+                        trunc((tn - b) * _US + 0.5),
+                        trunc((tn - t0) * _US + 0.5),
+                        None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
                         n,
                         None,
                         None,
@@ -602,15 +616,26 @@ class Probe:
                     for i, t0, t1, tn, n, _s, _e in raws
                 ]
                 _forget_before(phases, st.next_index)
-                return with_phases
-            return [
-                (i, tn + wall_offset, tn - t0, None if t1 < 0 else t1 - t0, n, None, None, (), None)
+                return b + wall_offset, with_phases
+            return b + wall_offset, [
+                (
+                    i,
+                    trunc((tn - b) * _US + 0.5),
+                    trunc((tn - t0) * _US + 0.5),
+                    None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
+                    n,
+                    None,
+                    None,
+                    (),
+                    None,
+                )
                 for i, t0, t1, tn, n, _s, _e in raws
             ]
         now = time.monotonic()
         pending = st.pending
         pending.extend((raw, now) for raw in raws)
         out: list[_Wire] = []
+        b = st.base_for(pending[0][0][3]) if pending else 0.0
         while pending:
             raw, queued = pending[0]
             index, t0, t1, t_next, n, ev_start, ev_end = raw
@@ -633,19 +658,19 @@ class Probe:
             out.append(
                 (
                     index,
-                    t_next + wall_offset,
-                    t_next - t0,
-                    None if t1 < 0 else t1 - t0,
+                    _us(t_next - b),
+                    _us(t_next - t0),
+                    None if t1 < 0 else _us(t1 - t0),
                     n,
-                    device_s,
-                    idle_s,
+                    None if device_s is None else _us(device_s),
+                    None if idle_s is None else _us(idle_s),
                     _phase_items(phases.pop(index, None)),
                     caught_up,
                 )
             )
         if out:
             _forget_before(phases, out[-1][0])
-        return out
+        return b + wall_offset, out
 
 
 @dataclass
@@ -659,10 +684,56 @@ class _DrainState:
     ev_end: Any = None  # the last drained step's end event, its host time and period
     t_end: float | None = None
     period: float | None = None
+    base: float | None = None  # perf_counter time the wire rows' ends count from
+
+    def base_for(self, first_end: float) -> float:
+        """The base for rows whose earliest end is ``first_end``: the same one for an hour,
+        so that history replays merge batches without touching a row (and repeat them
+        exactly), while offsets stay under 2^32 us (5 bytes on the wire)."""
+        if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
+            self.base = first_end
+        return self.base
 
 
-def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, float], ...]:
-    return tuple(per_step.items()) if per_step else ()
+def _us(seconds: float) -> int:
+    """A non-negative duration in whole microseconds (the wire's unit)."""
+    return math.trunc(seconds * _US + 0.5) if seconds > 0 else 0
+
+
+def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ...]:
+    return tuple([(name, _us(s)) for name, s in per_step.items()]) if per_step else ()
+
+
+def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon: float) -> int:
+    """Drop history older than ``horizon`` (Unix time) and beyond HISTORY_MAX_STEPS rows,
+    oldest batches first; return the rows left."""
+    while history:
+        base, rows = history[0]
+        if base + rows[-1][1] / _US < horizon:
+            history.popleft()
+            kept -= len(rows)
+        elif kept > HISTORY_MAX_STEPS:
+            excess = kept - HISTORY_MAX_STEPS
+            if excess >= len(rows):
+                history.popleft()
+                kept -= len(rows)
+            else:
+                history[0] = (base, rows[excess:])
+                kept -= excess
+        else:
+            break
+    return kept
+
+
+def _by_base(history: deque[tuple[float, list[_Wire]]]) -> list[tuple[float, list[_Wire]]]:
+    """History rows grouped by their base (one group, unless an hour's epoch ended)."""
+    groups: list[tuple[float, list[_Wire]]] = []
+    for base, rows in history:
+        if groups and groups[-1][0] == base:
+            groups[-1][1].extend(rows)
+        else:
+            groups.append((base, list(rows)))
+    return groups
 
 
 def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:

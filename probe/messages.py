@@ -90,13 +90,18 @@ class Hello:
     job: Str | None = None
 
 
-class StepRecord(msgspec.Struct, frozen=True, array_like=True):
+class StepRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One training step: from the arrival of a batch to the arrival of the next.
+
+    Not tracked by the garbage collector (``gc=False``): its fields are numbers, strings
+    and tuples of them, so it can never be part of a reference cycle, and a viewer keeps
+    thousands per run.
 
     ``period_s`` covers the whole step; ``wait_s`` is the part spent inside ``next()``
     waiting for the next batch (None when steps are marked with ``probe.step``).
     ``device_s``/``device_idle_s`` come from CUDA events when available. On the wire
-    this is an array in field order (docs/protocol.md).
+    this is an array of integer microseconds in field order (docs/protocol.md); the
+    decoder converts to these seconds.
     """
 
     index: Count  # 0-based, counts steps of this process

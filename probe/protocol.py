@@ -10,11 +10,22 @@ else. Nothing is ever unpickled. See ``docs/protocol.md``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Annotated, Any
 
 import msgspec
 
-from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Steps, System
+from gputop_dl.probe.messages import (
+    MAX_RECORDS,
+    Bye,
+    Hello,
+    Loop,
+    Message,
+    StepRecord,
+    Steps,
+    System,
+)
+from gputop_dl.probe.samples import Count, Str, Time
 
 PROTOCOL_MAJOR = 2
 PROTOCOL_MINOR = 0
@@ -72,11 +83,46 @@ class _SourceOnly(msgspec.Struct):
     source_id: Annotated[str, msgspec.Meta(max_length=255)] | None = None
 
 
+# Step records on the wire (docs/protocol.md, "StepRecord"): integers, not floats. A
+# msgpack float costs 9 bytes, a duration in microseconds 3 (under 65 ms) or 5; the end
+# time is an offset from the message's `base_time`. The viewer's StepRecord keeps floats
+# in seconds: the decoder converts.
+MICROS = 1_000_000
+TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time)
+_Micros = Annotated[int, msgspec.Meta(ge=0, le=10**13)]  # a duration: [0, 1e7] s
+_MAX_OFFSET_S = 1e7
+_end_us = attrgetter("end_us")
+
+
+# gc=False: a record holds numbers, strings and tuples of them (no cycles possible), so
+# the collector need not track the many thousands a viewer decodes.
+class _WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    index: Count
+    end_us: _Micros  # the step's end, microseconds after the message's base_time
+    period_us: _Micros
+    wait_us: _Micros | None
+    samples: Count | None
+    device_us: _Micros | None = None
+    device_idle_us: _Micros | None = None
+    phases: Annotated[tuple[tuple[Str, _Micros], ...], msgspec.Meta(max_length=64)] = ()
+    device_caught_up: bool | None = None
+
+
+class _WireSteps(msgspec.Struct):
+    source_id: Str
+    base_time: Time
+    records: Annotated[tuple[_WireStep, ...], msgspec.Meta(max_length=MAX_RECORDS)]
+    sent: Count
+    dropped: Count
+    dropped_steps: Count = 0
+
+
 _encoder = msgspec.msgpack.Encoder()
 _envelope = msgspec.msgpack.Decoder(_Envelope)
 _source_only = msgspec.msgpack.Decoder(_SourceOnly)
 _decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    kind: msgspec.msgpack.Decoder(cls) for kind, cls in KINDS.items()
+    kind: msgspec.msgpack.Decoder(_WireSteps if cls is Steps else cls)
+    for kind, cls in KINDS.items()
 }
 _TOPICS = {kind: TOPIC_PREFIX + kind.encode() for kind in KINDS}
 
@@ -87,18 +133,60 @@ def topic(kind: str) -> bytes:
 
 def encode(message: Message) -> list[bytes]:
     """Return the frames for ``message``."""
+    if type(message) is Steps:
+        return _encode_steps_message(message)
     kind = KIND_OF[type(message)]
     return [_TOPICS[kind], _encoder.encode({"v": _VERSION, "kind": kind, "body": message})]
 
 
+def micros(seconds: float) -> int:
+    """A duration in whole microseconds, as step records carry it."""
+    return round(seconds * MICROS)
+
+
+def wire_rows(records: Sequence[StepRecord]) -> tuple[float, list[tuple[Any, ...]]]:
+    """(base_time, wire rows) for ``records``: the rows :func:`encode_steps` takes."""
+    if not records:
+        return 0.0, []
+    base = min(r.end_time for r in records)
+    rows = [
+        (
+            r.index,
+            micros(r.end_time - base),
+            micros(r.period_s),
+            None if r.wait_s is None else micros(r.wait_s),
+            r.samples,
+            None if r.device_s is None else micros(r.device_s),
+            None if r.device_idle_s is None else micros(r.device_idle_s),
+            tuple((name, micros(s)) for name, s in r.phases),
+            r.device_caught_up,
+        )
+        for r in records
+    ]
+    return base, rows
+
+
+def _encode_steps_message(message: Steps) -> list[bytes]:
+    base, rows = wire_rows(message.records)
+    return encode_steps(
+        message.source_id, base, rows, message.sent, message.dropped, message.dropped_steps
+    )
+
+
 def encode_steps(
-    source_id: str, records: Sequence[Sequence[Any]], sent: int, dropped: int, dropped_steps: int
+    source_id: str,
+    base_time: float,
+    records: Sequence[Sequence[Any]],
+    sent: int,
+    dropped: int,
+    dropped_steps: int,
 ) -> list[bytes]:
-    """Frames of a ``steps`` message whose records are given as arrays in
-    :class:`StepRecord` field order -- exactly their wire form, so the publisher never
-    builds record objects (``encode(Steps(...))`` gives the same bytes)."""
+    """Frames of a ``steps`` message whose records are given in their wire form: arrays
+    in StepRecord field order, times in integer microseconds, ends after ``base_time``
+    (see :func:`wire_rows`), so the publisher never builds record objects."""
     body = {
         "source_id": source_id,
+        "base_time": base_time,
         "records": records,
         "sent": sent,
         "dropped": dropped,
@@ -144,7 +232,41 @@ def _decode(frames: Sequence[bytes]) -> Message:
         message: Message = decoder.decode(env.body)
     except msgspec.MsgspecError as exc:
         raise MalformedMessage(f"{env.kind}: {exc}") from None
+    if type(message) is _WireSteps:
+        return _steps_from_wire(message)
     return message
+
+
+def _steps_from_wire(wire: _WireSteps) -> Steps:
+    """Seconds and Unix times again: the viewer's records are floats."""
+    base, rows = wire.base_time, wire.records
+    # An offset is at most 1e7 s: only a base that close to the limit needs a look at each.
+    if (
+        base > TIME_MAX - _MAX_OFFSET_S
+        and rows
+        and base + max(map(_end_us, rows)) / MICROS > TIME_MAX
+    ):
+        raise MalformedMessage("steps: a record ends after the year 2286")
+    us = float(MICROS)
+    sr = StepRecord
+    # One comprehension, each field read once (the walrus names): the viewer's hot path.
+    records = tuple(
+        [
+            sr(
+                r.index,
+                base + r.end_us / us,
+                r.period_us / us,
+                None if (wait := r.wait_us) is None else wait / us,
+                r.samples,
+                None if (device := r.device_us) is None else device / us,
+                None if (idle := r.device_idle_us) is None else idle / us,
+                tuple([(name, v / us) for name, v in phases]) if (phases := r.phases) else (),
+                r.device_caught_up,
+            )
+            for r in rows
+        ]
+    )
+    return Steps(wire.source_id, records, wire.sent, wire.dropped, wire.dropped_steps)
 
 
 __all__ = [
@@ -157,4 +279,6 @@ __all__ = [
     "decode",
     "encode",
     "encode_steps",
+    "micros",
+    "wire_rows",
 ]

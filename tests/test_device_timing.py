@@ -10,7 +10,8 @@ import pytest
 
 from gputop_dl.probe.core import Probe, _DrainState, caught_up_at_start
 from gputop_dl.probe.device_timing import CudaTimer, device_ref
-from gputop_dl.probe.messages import DeviceRef, StepRecord
+from gputop_dl.probe.messages import DeviceRef, StepRecord, Steps
+from gputop_dl.probe.protocol import decode, encode_steps
 from tests.fakes.fake_cuda import Device, fake_torch
 
 MS = 1e-3
@@ -36,9 +37,11 @@ def run_steps(
         work(device)
         p._close_step(device.now)
     device.host(10.0)  # long after: every event has completed
-    wire = p._drain(_DrainState(), 0.0, force=False)
+    base, rows = p._drain(_DrainState(), 0.0, force=False)
     assert device.syncs == 0  # the probe never synchronizes
-    return [StepRecord(*w) for w in wire]
+    message = decode(encode_steps("sim", base, rows, 0, 0, 0))  # as a viewer reads them
+    assert isinstance(message, Steps)
+    return list(message.records)
 
 
 def launch_bound(d: Device) -> None:  # Python overhead between small kernels
@@ -118,10 +121,10 @@ def test_incomplete_events_hold_records_back_without_blocking(
         gpu_bound(device)
         p._close_step(device.now)
     state = _DrainState()
-    assert p._drain(state, 0.0, force=False) == []  # device still busy
+    assert p._drain(state, 0.0, force=False)[1] == []  # device still busy
     assert len(state.pending) == 3 and device.syncs == 0
     device.host(1.0)
-    assert [w[0] for w in p._drain(state, 0.0, force=False)] == [0, 1, 2]
+    assert [w[0] for w in p._drain(state, 0.0, force=False)[1]] == [0, 1, 2]
 
 
 CAUGHT_UP = [

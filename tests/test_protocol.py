@@ -32,6 +32,7 @@ from gputop_dl.probe.protocol import (
     decode,
     encode,
     encode_steps,
+    wire_rows,
 )
 from gputop_dl.probe.samples import (
     CgroupSample,
@@ -124,6 +125,12 @@ def payload(kind: str = "bye", v: object = (PROTOCOL_MAJOR, 0), **body: object) 
     return [b"gputop." + kind.encode(), msgpack.packb(data)]
 
 
+def steps_payload(records: list[object], base_time: float = 1.0) -> list[bytes]:
+    return payload(
+        kind="steps", source_id="a", base_time=base_time, sent=0, dropped=0, records=records
+    )
+
+
 def test_newer_minor_version_with_unknown_fields_is_read() -> None:
     frames = payload(v=(PROTOCOL_MAJOR, 7), new_field={"x": 1})
     assert decode(frames) == Bye("h:1", "x", 1)
@@ -133,7 +140,7 @@ def test_missing_optional_fields_take_defaults() -> None:
     data = {
         "v": [PROTOCOL_MAJOR, 0],
         "kind": "steps",
-        "body": {"source_id": "a", "records": [], "sent": 0, "dropped": 0},
+        "body": {"source_id": "a", "base_time": 1.0, "records": [], "sent": 0, "dropped": 0},
     }
     message = decode([b"gputop.steps", msgpack.packb(data)])
     assert isinstance(message, Steps) and message.dropped_steps == 0
@@ -185,22 +192,18 @@ MALFORMED = {
         source_id="a",
         sample={"time": 1.0, "host": "h", "interval_s": 1.0, "nets": [["lo", math.inf, 0.0]]},
     ),
-    "negative duration": payload(
-        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, -0.5, None, None]]
+    "negative duration": steps_payload([[0, 0, -5, None, None]]),
+    "negative wait": steps_payload([[0, 0, 5, -1, None]]),
+    "negative end offset": steps_payload([[0, -1, 5, None, None]]),
+    "duration in float seconds": steps_payload([[0, 0, 0.5, None, None]]),
+    "end after 1e10": steps_payload([[0, 10**13, 5, None, None]], base_time=9.999e9),
+    "duration over 1e7 s": steps_payload([[0, 0, 10**13 + 1, None, None]]),
+    "phase in float seconds": steps_payload([[0, 0, 5, None, None, None, None, [["x", 0.5]]]]),
+    "no base time": payload(kind="steps", source_id="a", sent=0, dropped=0, records=[]),
+    "record as a map": steps_payload(
+        [{"index": 0, "end_us": 0, "period_us": 1, "wait_us": None, "samples": 1}]
     ),
-    "negative wait": payload(
-        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, 0.5, -1.0, None]]
-    ),
-    "record as a map": payload(
-        kind="steps",
-        source_id="a",
-        sent=0,
-        dropped=0,
-        records=[{"index": 0, "end_time": 1.0, "period_s": 1.0, "wait_s": None, "samples": 1}],
-    ),
-    "too many records": payload(
-        kind="steps", source_id="a", sent=0, dropped=0, records=[[0, 1.0, 0.1, None, None]] * 20_001
-    ),
+    "too many records": steps_payload([[0, 0, 100, None, None]] * 20_001),
     "too many cores": payload(
         kind="system",
         source_id="a",
@@ -281,7 +284,24 @@ def test_fuzz_structured_bodies_only_raise_protocol_errors(kind: str, body: obje
     )
 )
 def test_round_trip_any_step(record: StepRecord) -> None:
-    message = Steps("h:1", (record,), 0, 0)
+    # Times travel in whole microseconds: a record comes back within half of one (plus
+    # the float rounding of a Unix time near 2e9, a quarter of a microsecond).
+    (back,) = decode(encode(Steps("h:1", (record,), 0, 0))).records  # type: ignore[union-attr]
+    assert back.index == record.index and back.samples == record.samples
+    assert abs(back.end_time - record.end_time) <= 1e-6
+    assert abs(back.period_s - record.period_s) <= 0.5e-6
+    assert (back.wait_s is None) == (record.wait_s is None)
+    if record.wait_s is not None:
+        assert back.wait_s is not None and abs(back.wait_s - record.wait_s) <= 0.5e-6
+
+
+def test_whole_microsecond_steps_round_trip_exactly() -> None:
+    # The probe's own records: ends and durations in whole microseconds after the base.
+    records = tuple(
+        StepRecord(i, 1700000001.0 + i * 0.012345, 0.012345, 0.000678, 64, 0.011, 0.0001)
+        for i in range(100)
+    )
+    message = Steps("h:1", records, 3, 0)
     assert decode(encode(message)) == message
 
 
@@ -291,31 +311,38 @@ def test_unknown_kind_is_its_own_error_so_readers_can_skip_it() -> None:
 
 
 def test_encode_steps_from_wire_tuples_gives_the_same_bytes() -> None:
-    rows = [tuple(getattr(r, f) for f in StepRecord.__struct_fields__) for r in STEPS.records]
-    frames = encode_steps(STEPS.source_id, rows, STEPS.sent, STEPS.dropped, STEPS.dropped_steps)
+    base, rows = wire_rows(STEPS.records)
+    assert base == 1700000001.0  # the earliest end: every offset is >= 0
+    assert rows[0] == (0, 0, 250_000, 200_000, 256, 40_000, 190_000, (("h2d", 10_000),), True)
+    assert rows[1] == (1, 300_000, 300_000, None, None, None, None, (), None)
+    frames = encode_steps(
+        STEPS.source_id, base, rows, STEPS.sent, STEPS.dropped, STEPS.dropped_steps
+    )
     assert frames == encode(STEPS)
 
 
 def test_a_step_record_is_a_short_array_on_the_wire() -> None:
-    # index near a million, float times, a wait and a sample count: the usual host record
-    record = StepRecord(999_999, 1700000001.123, 0.0123, 0.0021, 256)
-    packed = msgspec.msgpack.encode(record)
-    assert msgpack.unpackb(packed)[:5] == [999_999, 1700000001.123, 0.0123, 0.0021, 256]
+    # A CUDA-timed record with index near a million, 12 ms steps, 100 ms into its message:
+    # integers in microseconds, far below the 56 bytes of floats in seconds.
+    record = StepRecord(999_999, 1700000001.1, 0.0123, 0.0021, 256, 0.0101, 0.0004, (), True)
+    first = StepRecord(999_990, 1700000001.0, 0.0123, 0.0021, 256)
+    _base, rows = wire_rows((first, record))
+    packed = msgspec.msgpack.encode(rows[1])
+    assert msgpack.unpackb(packed) == [999_999, 100_000, 12_300, 2_100, 256, 10_100, 400, [], True]
     assert len(packed) <= 40
+    body = msgpack.unpackb(encode(Steps("h:1", (first, record), 0, 0))[1])["body"]
+    assert body["base_time"] == 1700000001.0
 
 
 def test_an_older_minor_record_without_the_trailing_fields_decodes() -> None:
-    frames = payload(
-        kind="steps", source_id="a", sent=0, dropped=0, records=[[3, 5.0, 1.0, 0.5, 8]]
-    )
-    message = decode(frames)
+    message = decode(steps_payload([[3, 2_000_000, 1_000_000, 500_000, 8]], base_time=3.0))
     assert isinstance(message, Steps)
     assert message.records == (StepRecord(3, 5.0, 1.0, 0.5, 8),)
 
 
 def test_a_newer_minor_record_with_more_fields_decodes() -> None:
-    row = [3, 5.0, 1.0, 0.5, 8, None, None, [], None, "future", 42]
-    message = decode(payload(kind="steps", source_id="a", sent=0, dropped=0, records=[row]))
+    row = [3, 5, 1, 0, 8, None, None, [], None, "future", 42]
+    message = decode(steps_payload([row]))
     assert isinstance(message, Steps) and message.records[0].index == 3
 
 

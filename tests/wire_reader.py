@@ -13,17 +13,20 @@ import zmq
 
 # docs/protocol.md, "StepRecord": a record is an array in this field order; a reader
 # takes the fields it knows and ignores trailing ones (a later minor may add some).
+# Times are integer microseconds, the end one after the message's base_time.
 STEP_FIELDS = (
     "index",
-    "end_time",
-    "period_s",
-    "wait_s",
+    "end_us",
+    "period_us",
+    "wait_us",
     "samples",
-    "device_s",
-    "device_idle_s",
+    "device_us",
+    "device_idle_us",
     "phases",
     "device_caught_up",
 )
+DURATIONS = {"period_us": "period_s", "wait_us": "wait_s", "device_us": "device_s"}
+DURATIONS["device_idle_us"] = "device_idle_s"
 KNOWN_KINDS = {"hello", "steps", "system", "loop", "bye"}
 
 
@@ -55,14 +58,24 @@ class WireReader:
             if data["kind"] not in KNOWN_KINDS:
                 continue  # the spec: skip kinds you do not know
             if data["kind"] == "steps":
-                data["body"]["records"] = [
-                    dict(zip(STEP_FIELDS, r, strict=False)) for r in data["body"]["records"]
-                ]
+                body = data["body"]
+                body["records"] = [self.step(r, body["base_time"]) for r in body["records"]]
             new.append(data)
             if until is not None and data["kind"] == until:
                 break
         self.messages.extend(new)
         return new
+
+    @staticmethod
+    def step(row: list[Any], base_time: float) -> dict[str, Any]:
+        """A record as a map with the spec's derived fields in seconds and Unix time."""
+        record = dict(zip(STEP_FIELDS, row, strict=False))
+        record["end_time"] = base_time + record["end_us"] / 1e6
+        for us, seconds in DURATIONS.items():
+            value = record.get(us)
+            record[seconds] = None if value is None else value / 1e6
+        record["phases"] = [(name, v / 1e6) for name, v in record.get("phases", [])]
+        return record
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [m["body"] for m in self.messages if m["kind"] == kind]

@@ -7,6 +7,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps
@@ -27,6 +28,7 @@ RATE_WINDOW_S = 5.0  # "samples/s now" covers the last few seconds
 CLOCK_SAMPLES = 50  # recent arrivals the probe's clock offset is estimated from
 CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not matter
 OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second
+_samples = attrgetter("samples")
 
 
 class Run:
@@ -172,10 +174,10 @@ class Run:
             self.first_start = accepted[0].end_time - accepted[0].period_s
         self.last_index = accepted[-1].index
         self.total_steps += len(accepted)
-        for record in accepted:
-            if record.samples is not None:
-                self.samples_known = True
-                self.total_samples += record.samples
+        counts = list(map(_samples, accepted))  # C loops: the viewer's hot path
+        if counts.count(None) != len(counts):
+            self.samples_known = True
+            self.total_samples += sum(filter(None, counts))
         self.steps.extend(accepted)
         throughput.add(accepted)
         steps = self.steps

@@ -49,6 +49,7 @@ class Throughput:
         last_end = self.last_end
         floor = math.floor
         current = None  # index of the bucket summed in the locals below
+        lo = hi = 0.0  # its bounds: a step with lo <= start and end <= hi falls in it alone
         samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
         for record in records:
             end = record.end_time
@@ -60,32 +61,34 @@ class Throughput:
                 continue  # also every zero period: below, period > 0
             if last_end is None or end > last_end:
                 last_end = end
-            first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
-            if last > first and end == last * BUCKET_S:
-                last -= 1  # a step ending exactly on a boundary belongs to the bucket before
-            if first != last:
-                self._spread(record, start, end, first, last)
-                continue
-            if first != current:
-                if current is not None:
-                    self._put(
-                        current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
-                    )
-                current = first
-                samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
+            if not (lo <= start and end <= hi and current is not None):
+                first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
+                if last > first and end == last * BUCKET_S:
+                    last -= 1  # a step ending exactly on a boundary belongs to the bucket before
+                if first != last:
+                    self._spread(record, start, end, first, last)
+                    continue
+                if first != current:
+                    if current is not None:
+                        self._put(
+                            current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
+                        )
+                    current = first
+                    lo, hi = first * BUCKET_S, (first + 1) * BUCKET_S
+                    samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
             cover = end - start
             samples += record.samples or 0
             steps += 1.0
             covered += cover
             # The wait and the device time are spread over the step like the samples: at
             # half-second resolution their share is what matters, not where they fell.
-            wait, device = record.wait_s, record.device_s
-            if wait is not None:  # validated: wait <= period
+            if (wait := record.wait_s) is not None:  # validated: wait <= period
                 wait_cov += cover
-                wait_s += wait * cover / period
-            if device is not None:
+                wait_s += wait if cover == period else wait * cover / period
+            if (device := record.device_s) is not None:
                 device_cov += cover
-                device_s += (device if device < period else period) * cover / period
+                device = device if device < period else period
+                device_s += device if cover == period else device * cover / period
         if current is not None:
             self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
         self.last_end = last_end

@@ -1,0 +1,125 @@
+"""Step records as the publisher sends them: integer microseconds after a base time,
+history kept per drained batch, replays byte-identical to the originals."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import msgspec
+import pytest
+
+from gputop_dl.probe import core
+from gputop_dl.probe.core import _by_base, _DrainState, _trim_history
+from gputop_dl.probe.messages import Steps
+from gputop_dl.probe.protocol import decode, encode_steps
+from tests.test_probe import attached, tcp_probe
+
+US = 1_000_000
+
+
+def row(index: int, end_us: int) -> tuple[object, ...]:
+    return (index, end_us, 1000, 100, 32, None, None, (), None)
+
+
+@pytest.mark.parametrize(
+    ("first_end", "expected_base"),
+    [
+        (100.0, 100.0),  # the first drain sets the base
+        (100.5, 100.0),  # later ends count from it
+        (100.0 + core.BASE_EPOCH_S, 100.0),  # up to an hour
+        (100.0 + core.BASE_EPOCH_S + 1.0, 100.0 + core.BASE_EPOCH_S + 1.0),  # then anew
+    ],
+)
+def test_the_base_is_kept_for_an_hour(first_end: float, expected_base: float) -> None:
+    st = _DrainState()
+    st.base_for(100.0)
+    assert st.base_for(first_end) == expected_base
+
+
+def test_a_base_never_lies_after_an_end() -> None:
+    st = _DrainState()
+    st.base_for(100.0)
+    assert st.base_for(99.0) == 99.0  # offsets on the wire are >= 0
+
+
+@pytest.mark.parametrize(
+    ("batches", "horizon", "max_rows", "left"),
+    [
+        # (base, [end offsets in s]) per batch; rows left per batch after trimming
+        ([(0.0, [1.0, 2.0]), (10.0, [1.0])], 0.0, 10, [2, 1]),  # nothing old
+        ([(0.0, [1.0, 2.0]), (10.0, [1.0])], 5.0, 10, [1]),  # a batch ended before horizon
+        ([(0.0, [1.0, 6.0]), (10.0, [1.0])], 5.0, 10, [2, 1]),  # partly new: kept whole
+        ([(0.0, [1.0, 2.0, 3.0]), (10.0, [1.0, 2.0])], 0.0, 4, [2, 2]),  # over the count
+        ([(0.0, [1.0]), (10.0, [1.0, 2.0, 3.0])], 0.0, 2, [2]),  # a whole batch and more
+    ],
+)
+def test_history_trims_by_age_then_by_count(
+    monkeypatch: pytest.MonkeyPatch,
+    batches: list[tuple[float, list[float]]],
+    horizon: float,
+    max_rows: int,
+    left: list[int],
+) -> None:
+    monkeypatch.setattr(core, "HISTORY_MAX_STEPS", max_rows)
+    history: deque[tuple[float, list[tuple[object, ...]]]] = deque()
+    index = 0
+    for base, ends in batches:
+        rows = []
+        for end in ends:
+            rows.append(row(index, round(end * US)))
+            index += 1
+        history.append((base, rows))  # type: ignore[arg-type]
+    kept = _trim_history(history, index, horizon)  # type: ignore[arg-type]
+    assert [len(rows) for _, rows in history] == left
+    assert kept == sum(left)
+    if history:  # the newest rows stay, the oldest go
+        assert history[-1][1][-1][0] == index - 1
+
+
+def test_replay_groups_batches_by_base_without_touching_a_row() -> None:
+    history = deque([(5.0, [row(0, 0)]), (5.0, [row(1, 10)]), (9.0, [row(2, 0)])])
+    groups = _by_base(history)  # type: ignore[arg-type]
+    assert groups == [(5.0, [row(0, 0), row(1, 10)]), (9.0, [row(2, 0)])]
+    assert history[0][1] == [row(0, 0)]  # the stored batch itself is not extended
+
+
+def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUTOP_DISABLE", "1")  # no publisher thread: we drain by hand
+    p = core.Probe(name="rows")
+    # Raw steps as the training thread queues them: 12 ms steps, 2 ms data waits.
+    t = 1000.0
+    for i in range(9):
+        p._steps.append((123_456 + i, t, t + 0.002, t + 0.012, 256, None, None))
+        t += 0.012
+    base, rows = p._drain(_DrainState(), 1_700_000_000.0, force=False)
+    assert all(len(msgspec.msgpack.encode(r)) <= 40 for r in rows)
+    message = decode(encode_steps("h:1", base, rows, 0, 0, 0))
+    assert isinstance(message, Steps)
+    last = message.records[-1]
+    assert last.index == 123_464
+    assert last.end_time == pytest.approx(1_700_001_000.0 + 9 * 0.012, abs=1e-6)
+    assert last.period_s == pytest.approx(0.012, abs=1e-6)
+    assert last.wait_s == pytest.approx(0.002, abs=1e-6)
+
+
+def test_replayed_records_are_identical_to_the_originals() -> None:
+    p = tcp_probe("identical", system_interval_s=0)
+    first = attached(p)
+    for _ in p.watch(range(300)):
+        time.sleep(0.0005)
+    time.sleep(0.4)  # several flushes: several batches in the history
+    second = attached(p)  # its subscription replays the history to both
+    first.pump(1.0)
+    p.close()
+    first.close()
+    second.close()
+    copies: dict[int, list[dict[str, object]]] = {}
+    for record in first.steps():
+        copies.setdefault(int(record["index"]), []).append(record)  # type: ignore[call-overload]
+    assert set(copies) == set(range(300))
+    assert any(len(c) > 1 for c in copies.values())  # the replay did arrive
+    for same in copies.values():
+        assert all(c == same[0] for c in same)  # end_time too: exact, not approximately
