@@ -689,6 +689,11 @@ class ViewerState:
         source = self._selected_source() if key is None else self._sources.get(key)
         return () if source is None else tuple(source.steps)
 
+    def hello(self, key: str) -> Hello | None:
+        """The run's newest hello, with its loop state merged (for the exporter)."""
+        source = self._sources.get(key)
+        return None if source is None else source.window_hello()
+
     def display_host(self) -> str | None:
         """The host the panels show: the selected run's, else this machine, else any."""
         source = self._selected_source()
