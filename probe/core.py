@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
+from gputop_dl.probe import stack as stacks
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import encode, encode_steps
@@ -198,6 +199,7 @@ class Probe:
         self._loop_exit: str | None = None
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
+        self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
 
         # Publisher-thread state: facts gathered off the training thread.
         self._affinity: tuple[int, ...] = ()
@@ -317,6 +319,7 @@ class Probe:
     def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises)."""
         now = time.time()
+        self._train_thread = threading.get_ident()
         if info is not None:
             self._loader_info = info
             if info.dataset_path and self._sampler is not None:
@@ -397,6 +400,7 @@ class Probe:
 
     def _check_timing(self) -> None:
         self._timing_checks += 1
+        self._train_thread = threading.get_ident()  # first steps only: the stepping thread
         timer, timing, note = detect()
         # The current device is per host thread in CUDA: read it here, on the training
         # thread (first 3 steps only; no device work); mapped on the publisher thread.
@@ -482,6 +486,8 @@ class Probe:
         last_end: float | None = None
         periods: deque[float] = deque(maxlen=PERIODS_KEPT)  # the typical step period
         busy = True
+        stall_watch = stacks.StallWatch()
+        stack_frames: list[bytes] | None = None  # the current stall's stack, for replays
         self._gather_facts()
 
         def send(frames: list[bytes]) -> None:
@@ -542,6 +548,17 @@ class Probe:
                     send_message(Loop(self.source_id, state, t, index, how))
                 if records:
                     send_steps(records)
+                    stack_frames = None  # a step ended: the stall (if any) is over
+                stalled = stall_watch.due(
+                    time.time(), last_end, drain.next_index, periods, self._loop != "outside"
+                )
+                if stalled is not None and self._train_thread is not None:
+                    stack = stacks.take_stack(
+                        self.source_id, self._train_thread, stalled, drain.next_index
+                    )
+                    stack_frames = encode(stack) if stack is not None else None
+                    if stack_frames is not None:
+                        send(stack_frames)
                 if self._sampler is not None:
                     for sample in self._sampler.take():
                         try:
@@ -558,6 +575,8 @@ class Probe:
                     for frames in list(systems):
                         send(frames)
                     send_steps(list(history))
+                    if stack_frames is not None:
+                        send(stack_frames)  # a viewer attaching during a stall sees where
                 if stopping:
                     send_message(Bye(self.source_id, self._bye_reason, self._index))
                     break

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 
 import msgspec
 
-from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Steps, System
+from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Stack, Steps, System
 
 PROTOCOL_MAJOR = 2
-PROTOCOL_MINOR = 0
+PROTOCOL_MINOR = 1  # 2.1: the stack kind
 TOPIC_PREFIX = b"gputop."
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 MAX_TOPIC_BYTES = 64
@@ -28,6 +28,7 @@ KINDS: dict[str, type[Any]] = {
     "system": System,
     "loop": Loop,
     "bye": Bye,
+    "stack": Stack,
 }
 KIND_OF: dict[type[Any], str] = {cls: kind for kind, cls in KINDS.items()}
 _VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)

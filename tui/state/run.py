@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps
+from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
@@ -69,6 +69,7 @@ class Run:
         self.pending: tuple[ThroughputPoint, ...] = ()
         self.slot: int | None = None  # switcher position, given at the first tick
         self.pid_checked: float | None = None  # viewer time of the last pid check
+        self.stack: Stack | None = None  # the newest stack the probe took in a stall
 
     # ---------------------------------------------------------------- identity
 
