@@ -17,7 +17,7 @@ import msgspec
 from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Stack, Steps, System
 
 PROTOCOL_MAJOR = 2
-PROTOCOL_MINOR = 1  # 2.1: the stack kind
+PROTOCOL_MINOR = 0
 TOPIC_PREFIX = b"gputop."
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 MAX_TOPIC_BYTES = 64
