@@ -398,6 +398,20 @@ class Probe:
     def phase(self, name: str) -> Phase:
         return Phase(self, name)
 
+    def _log_phase(self, name: str, seconds: float) -> None:
+        """A phase of the open step timed elsewhere (framework hooks), logged as
+        ``with probe.phase(name)`` logs it. Training thread; one append."""
+        self._phase_log.append((self._index, name, seconds))
+
+    def _set_ranks(self, rank: int | None, local_rank: int | None, world: int | None) -> None:
+        """Ranks a framework knows, where the environment did not say (a store + flag)."""
+        before = (self._rank, self._local_rank, self._world_size)
+        self._rank = before[0] if before[0] is not None else _as_count(rank)
+        self._local_rank = before[1] if before[1] is not None else _as_count(local_rank)
+        self._world_size = before[2] if before[2] is not None else _as_count(world)
+        if (self._rank, self._local_rank, self._world_size) != before:
+            self._hello_dirty.set()
+
     def _check_timing(self) -> None:
         self._timing_checks += 1
         self._train_thread = threading.get_ident()  # first steps only: the stepping thread
