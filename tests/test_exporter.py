@@ -348,3 +348,30 @@ def test_the_grafana_dashboard_reads_only_metrics_the_exporter_serves() -> None:
     for name in served:  # Prometheus naming: base units, counters end in _total
         assert re.fullmatch(r"gputop_[a-z0-9_]+", name)
         assert not re.search(r"_(percent|pct|mhz|kb|mb|ms)(_|$)", name), name
+
+
+class NoSource:
+    def start(self, emit: object) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def test_the_exporter_forgets_a_run_that_left_the_viewer() -> None:
+    from gputop_dl.probe.messages import Bye, Hello, Steps
+    from gputop_dl.tui.events import Received
+    from gputop_dl.tui.exporter import Exporter
+
+    t0 = 1_700_000_000.0
+    exp = Exporter(NoSource(), local_host="elsewhere")
+    hello = Hello("n:1", "probe", "r", "n", 1, t0, "0", rank=2, world_size=4)
+    records = tuple(StepRecord(i, t0 + 0.1 * (i + 1), 0.1, 0.05, 8) for i in range(20))
+    exp._emit([Received(hello, t0), Received(Steps("n:1", records, 1, 0), t0 + 2)])
+    figures = exp.update(t0 + 2.1)
+    (run,) = figures.runs
+    assert run.totals.count == 20 and run.totals.samples == 160
+    assert run.summary.rank == 2 and run.totals.wait_seconds == pytest.approx(1.0)
+    names = {s.name for f in exp.collect() for s in f.samples}
+    assert "gputop_run_step_duration_seconds_bucket" in names
+    exp._emit([Received(Bye("n:1", "done", 20), t0 + 3)])
+    exp.update(t0 + 3)
+    assert exp.update(t0 + 70).runs == () and exp._totals == {}  # gone a minute after

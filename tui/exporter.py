@@ -10,7 +10,6 @@ read the newest one (``collect()``). The ViewerState is touched by the pump thre
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import signal
 import socket
@@ -60,6 +59,7 @@ class Exporter(Collector):
         self._figures = Figures()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failures = 0  # ticks that raised (counted in gputop_exporter_errors_total)
 
     # ---------------------------------------------------------------- pump thread
     def _emit(self, events: list[SourceEvent]) -> None:  # the source's thread
@@ -79,8 +79,10 @@ class Exporter(Collector):
 
     def _pump(self) -> None:
         while not self._stop.wait(TICK_S):
-            with contextlib.suppress(Exception):  # one bad tick must not end the exporter
+            try:
                 self.update(time.time())
+            except Exception:  # one bad tick must not end the exporter: counted
+                self.failures += 1
 
     def update(self, now: float) -> Figures:
         """Apply what arrived, tick, and publish the figures as of ``now``."""
@@ -117,7 +119,7 @@ class Exporter(Collector):
         for key in [k for k in self._totals if k not in seen]:
             del self._totals[key]  # the run left the viewer (a minute after it ended)
         nodes = tuple(s for host in state.hosts if (s := state.host_system(host)) is not None)
-        figures = Figures(tuple(runs), nodes, state.source_count, state.error_count)
+        figures = Figures(tuple(runs), nodes, state.source_count, state.error_count + self.failures)
         self._figures = figures  # one reference store: readers see old or new, whole
         return figures
 
