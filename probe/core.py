@@ -200,6 +200,8 @@ class Probe:
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
+        # (rank, local rank, world size) from a framework callback; see _set_ranks.
+        self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
 
         # Publisher-thread state: facts gathered off the training thread.
         self._affinity: tuple[int, ...] = ()
@@ -404,12 +406,11 @@ class Probe:
         self._phase_log.append((self._index, name, seconds))
 
     def _set_ranks(self, rank: int | None, local_rank: int | None, world: int | None) -> None:
-        """Ranks a framework knows, where the environment did not say (a store + flag)."""
-        before = (self._rank, self._local_rank, self._world_size)
-        self._rank = before[0] if before[0] is not None else _as_count(rank)
-        self._local_rank = before[1] if before[1] is not None else _as_count(local_rank)
-        self._world_size = before[2] if before[2] is not None else _as_count(world)
-        if (self._rank, self._local_rank, self._world_size) != before:
+        """Ranks a framework knows (its Trainer): used in the hello where the launcher's
+        environment and the process group do not say. A store + flag."""
+        ranks = (_as_count(rank), _as_count(local_rank), _as_count(world))
+        if ranks != self._framework_ranks:
+            self._framework_ranks = ranks
             self._hello_dirty.set()
 
     def _check_timing(self) -> None:
@@ -430,6 +431,7 @@ class Probe:
         """``progress``: (steps published, last step's end time, median recent period)."""
         torch = sys.modules.get("torch")
         ident = jobenv.current(self.host)  # re-read: Lightning sets its world after we start
+        fw_rank, fw_local, fw_world = self._framework_ranks
         return Hello(
             source_id=self.source_id,
             role=self.role,
@@ -438,9 +440,9 @@ class Probe:
             pid=self.pid,
             started=self.started,
             probe_version=__version__,
-            rank=ident.rank,
-            local_rank=ident.local_rank,
-            world_size=ident.world_size,
+            rank=ident.rank if ident.rank is not None else fw_rank,
+            local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
+            world_size=ident.world_size if ident.world_size is not None else fw_world,
             torch_version=_torch_version(torch),
             devices=_device_names(torch) if self._timing == "cuda-events" else (),
             timing=self._timing,
