@@ -31,6 +31,7 @@ from operator import call
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
+from gputop_dl.probe import stack as stacks
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, encode, encode_steps
@@ -204,6 +205,9 @@ class Probe:
         self._loop_exit: str | None = None
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
+        self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
+        # (rank, local rank, world size) from a framework callback; see _set_ranks.
+        self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
 
         # Publisher-thread state: facts gathered off the training thread.
         self._affinity: tuple[int, ...] = ()
@@ -323,6 +327,7 @@ class Probe:
     def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises)."""
         now = time.time()
+        self._train_thread = threading.get_ident()
         if info is not None:
             self._loader_info = info
             if info.dataset_path and self._sampler is not None:
@@ -401,8 +406,22 @@ class Probe:
     def phase(self, name: str) -> Phase:
         return Phase(self, name)
 
+    def _log_phase(self, name: str, seconds: float) -> None:
+        """A phase of the open step timed elsewhere (framework hooks), logged as
+        ``with probe.phase(name)`` logs it. Training thread; one append."""
+        self._phase_log.append((self._index, name, seconds))
+
+    def _set_ranks(self, rank: int | None, local_rank: int | None, world: int | None) -> None:
+        """Ranks a framework knows (its Trainer): used in the hello where the launcher's
+        environment and the process group do not say. A store + flag."""
+        ranks = (_as_count(rank), _as_count(local_rank), _as_count(world))
+        if ranks != self._framework_ranks:
+            self._framework_ranks = ranks
+            self._hello_dirty.set()
+
     def _check_timing(self) -> None:
         self._timing_checks += 1
+        self._train_thread = threading.get_ident()  # first steps only: the stepping thread
         timer, timing, note = detect()
         # The current device is per host thread in CUDA: read it here, on the training
         # thread (first 3 steps only; no device work); mapped on the publisher thread.
@@ -418,6 +437,7 @@ class Probe:
         """``progress``: (steps published, last step's end time, median recent period)."""
         torch = sys.modules.get("torch")
         ident = jobenv.current(self.host)  # re-read: Lightning sets its world after we start
+        fw_rank, fw_local, fw_world = self._framework_ranks
         return Hello(
             source_id=self.source_id,
             role=self.role,
@@ -426,9 +446,9 @@ class Probe:
             pid=self.pid,
             started=self.started,
             probe_version=__version__,
-            rank=ident.rank,
-            local_rank=ident.local_rank,
-            world_size=ident.world_size,
+            rank=ident.rank if ident.rank is not None else fw_rank,
+            local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
+            world_size=ident.world_size if ident.world_size is not None else fw_world,
             torch_version=_torch_version(torch),
             devices=_device_names(torch) if self._timing == "cuda-events" else (),
             timing=self._timing,
@@ -490,6 +510,8 @@ class Probe:
         last_end: float | None = None
         periods: deque[int] = deque(maxlen=PERIODS_KEPT)  # the typical step period, us
         busy = True
+        stall_watch = stacks.StallWatch()
+        stack_frames: list[bytes] | None = None  # the current stall's stack, for replays
         self._gather_facts()
 
         def send(frames: list[bytes]) -> None:
@@ -548,6 +570,21 @@ class Probe:
                     send_message(Loop(self.source_id, state, t, index, how))
                 if records:
                     send_steps(base, records)
+                    stack_frames = None  # a step ended: the stall (if any) is over
+                stalled = stall_watch.due(
+                    time.time(),
+                    last_end,
+                    drain.next_index,
+                    [p / _US for p in periods],
+                    self._loop != "outside",
+                )
+                if stalled is not None and self._train_thread is not None:
+                    stack = stacks.take_stack(
+                        self.source_id, self._train_thread, stalled, drain.next_index
+                    )
+                    stack_frames = encode(stack) if stack is not None else None
+                    if stack_frames is not None:
+                        send(stack_frames)
                 if self._sampler is not None:
                     for sample in self._sampler.take():
                         try:
@@ -565,6 +602,8 @@ class Probe:
                         send(frames)
                     for base_time, rows in _by_base(history):
                         send_steps(base_time, rows)
+                    if stack_frames is not None:
+                        send(stack_frames)  # a viewer attaching during a stall sees where
                 if stopping:
                     send_message(Bye(self.source_id, self._bye_reason, self._index))
                     break

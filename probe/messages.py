@@ -159,4 +159,28 @@ class Bye:
     steps: Count
 
 
-Message = Hello | Steps | System | Loop | Bye
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame of a stack (docs/protocol.md, ``stack``)."""
+
+    file: Annotated[str, msgspec.Meta(max_length=256)]  # cut at the front: the name stays
+    line: Count
+    function: Annotated[str, msgspec.Meta(max_length=128)]  # qualified name
+    code: Annotated[str, msgspec.Meta(max_length=200)] | None = None  # the source line
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The training thread's Python stack, taken by the probe's publisher thread once
+    per stall (no step for longer than the stall threshold)."""
+
+    source_id: Str
+    time: Time  # Unix seconds when it was taken
+    step_index: Count  # the step that did not end (steps measured before it)
+    stalled_s: Seconds  # time since the last step ended, when it was taken
+    frames: Annotated[tuple[Frame, ...], msgspec.Meta(max_length=32)]  # innermost first
+    left_out: Count = 0  # outer frames beyond the 32 innermost
+    thread: Str | None = None  # the training thread's name
+
+
+Message = Hello | Steps | System | Loop | Bye | Stack

@@ -21,6 +21,7 @@ from gputop_dl.probe.messages import (
     Hello,
     Loop,
     Message,
+    Stack,
     StepRecord,
     Steps,
     System,
@@ -39,6 +40,7 @@ KINDS: dict[str, type[Any]] = {
     "system": System,
     "loop": Loop,
     "bye": Bye,
+    "stack": Stack,
 }
 KIND_OF: dict[type[Any], str] = {cls: kind for kind, cls in KINDS.items()}
 _VERSION = (PROTOCOL_MAJOR, PROTOCOL_MINOR)

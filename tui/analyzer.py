@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord
+from gputop_dl.probe.messages import Hello, LoaderInfo, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import Cause, input_cause
@@ -33,6 +33,7 @@ from gputop_dl.tui.analysis.steps import (
     typical_period,
     usable_steps,
 )
+from gputop_dl.tui.analysis.stuck import Ptrace, current, pyspy_advice, stack_evidence
 from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
@@ -81,6 +82,8 @@ class Window:
     steps: Sequence[StepRecord]  # this run's recent steps, oldest first
     systems: Sequence[SystemSample]  # this run's host samples, oldest first
     hello: Hello | None
+    stack: Stack | None = None  # the newest stack the probe took in a stall
+    ptrace: Ptrace | None = None  # could py-spy attach to the run from here (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -380,7 +383,12 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     )
     if state:
         evidence.append(state)
-    pid = f" --pid {window.hello.pid}" if window.hello is not None else ""
+    stack = current(window.stack, last_index)
+    if stack is not None:
+        evidence.extend(stack_evidence(stack))
+    pid = window.hello.pid if window.hello is not None else None
+    host = window.hello.host if window.hello is not None else None
+    pyspy = f"otherwise see where it hangs: py-spy dump{'' if pid is None else f' --pid {pid}'}"
     return Verdict(
         "stalled",
         "critical",
@@ -389,7 +397,7 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         evidence=tuple(evidence),
         advice=(
             "evaluation or checkpointing clears by itself when steps resume",
-            f"otherwise see where it hangs: py-spy dump{pid}",
+            pyspy_advice(pid, host, window.ptrace) if stack is not None else pyspy,
         ),
         conditions=("stalled",),
     )

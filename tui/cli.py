@@ -33,7 +33,7 @@ from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
 
-COMMANDS = ("demo", "agent", "snapshot", "list")
+COMMANDS = ("demo", "agent", "snapshot", "list", "exporter")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
 INSTRUMENT_HINT = (
     "instrument a training script with: "
@@ -81,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "agent": cmd_agent,
                 "snapshot": cmd_snapshot,
                 "list": cmd_list,
+                "exporter": lambda a: importlib.import_module(
+                    "gputop_dl.tui.exporter"
+                ).cmd_exporter(a),
             }
             return handler[command](rest)
         return cmd_view(args)

@@ -71,6 +71,9 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
                 "timing": run.timing,
                 "loader": dataclasses.asdict(run.loader) if run.loader else None,
                 "verdict": verdict,
+                # The newest stack the probe took in a stall (innermost frame first); it
+                # is the stall in progress while its step_index > last_step_index.
+                "stack": dataclasses.asdict(run.stack) if run.stack is not None else None,
             }
         )
     host = state.display_host()

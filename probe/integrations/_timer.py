@@ -2,6 +2,10 @@
 
 A step runs from the end of the previous one (the framework starts fetching the next
 batch) to its own end; the wait is the part before the framework hands over the batch.
+Inside the step, :class:`PhaseClock` turns the framework's hooks into named phases
+(``forward``, ``backward``, ``optimizer``...): each hook ends the phase running and
+starts the next (or none), and the phases are logged into the open step with the
+probe's phase log, as ``with probe.phase(name)`` would log them.
 """
 
 from __future__ import annotations
@@ -12,10 +16,34 @@ from typing import Any
 from gputop_dl.probe import loader
 
 
+class PhaseClock:
+    """The phase running inside a step and the time each phase took so far (pure)."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.since = 0.0
+        self.totals: dict[str, float] = {}
+
+    def mark(self, name: str | None, now: float) -> None:
+        """The phase running from ``now`` on is ``name`` (None: an unnamed part)."""
+        if self.current is not None:
+            self.totals[self.current] = self.totals.get(self.current, 0.0) + max(
+                0.0, now - self.since
+            )
+        self.current, self.since = name, now
+
+    def finish(self, now: float) -> dict[str, float]:
+        """The step ended: every phase's time in it; the clock starts empty again."""
+        self.mark(None, now)
+        totals, self.totals = self.totals, {}
+        return totals
+
+
 class HookTimer:
     def __init__(self, probe: Any = None) -> None:
         self._given = probe
         self._t_prev: float | None = None
+        self.phases = PhaseClock()
 
     def _probe(self) -> Any:
         if self._given is None:
@@ -24,7 +52,14 @@ class HookTimer:
             self._given = probe.default()
         return self._given
 
-    def epoch_start(self, dataloader: Any, framework: str) -> None:
+    def epoch_start(
+        self,
+        dataloader: Any,
+        framework: str,
+        ranks: tuple[int | None, int | None, int | None] = (None, None, None),
+    ) -> None:
+        """``ranks``: (rank, local rank, world size) as the framework knows them, used
+        where the environment does not say."""
         p = self._probe()
         if not p.enabled:
             return
@@ -35,10 +70,13 @@ class HookTimer:
                 info = loader.with_pids(info, loader.worker_pids(None, dataloader))
         except Exception:  # describing is best effort
             info = None
+        if any(r is not None for r in ranks):
+            p._set_ranks(*ranks)
         p._loop_entered(info, framework)
         self._t_prev = time.perf_counter()
 
-    def batch_start(self, batch: Any) -> None:
+    def batch_start(self, batch: Any, phase: str | None = None) -> None:
+        """The batch arrived; ``phase``: the phase it starts with (e.g. "forward")."""
         p = self._probe()
         if not p.enabled or self._t_prev is None:
             return
@@ -48,11 +86,21 @@ class HookTimer:
         except Exception:
             n = None
         p._open_step(self._t_prev, now, n)
+        self.phases.finish(now)  # nothing of an earlier, unfinished step is kept
+        self.phases.mark(phase, now)
+
+    def phase(self, name: str | None) -> None:
+        """A hook inside the step: ``name`` runs from now on (None: an unnamed part)."""
+        if self._t_prev is not None:
+            self.phases.mark(name, time.perf_counter())
 
     def batch_end(self) -> None:
         p = self._probe()
         now = time.perf_counter()
+        totals = self.phases.finish(now)
         if p.enabled and p._open is not None:
+            for name, seconds in totals.items():
+                p._log_phase(name, seconds)
             p._close_step(now)
         self._t_prev = now
 
@@ -61,3 +109,12 @@ class HookTimer:
         if p.enabled and self._t_prev is not None:
             p._loop_left(how)
         self._t_prev = None
+
+
+def attr_int(obj: Any, name: str) -> int | None:
+    """``obj.name`` when it is an int (a rank, a world size), else None."""
+    try:
+        value = getattr(obj, name, None)
+    except Exception:  # a property that needs a distributed setup that is not there
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,4 +1,13 @@
-"""``Trainer(callbacks=[GputopCallback()])``: Lightning steps timed by gputop's probe."""
+"""``Trainer(callbacks=[GputopCallback()])``: Lightning steps timed by gputop's probe.
+
+Phases of each training batch, from Lightning's hooks: ``forward`` (batch start to the
+first ``on_before_backward``: the training step, and ``zero_grad`` in automatic
+optimization), ``backward`` (``on_before_backward`` to ``on_after_backward``, every
+backward of the batch summed) and ``optimizer`` (``on_before_optimizer_step`` to the
+next hook or the batch end: gradient clipping and the optimizer step). A batch that
+only accumulates gradients has no ``optimizer`` phase. Rank, local rank and world size
+come from the Trainer when the environment does not set RANK / LOCAL_RANK / WORLD_SIZE.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from gputop_dl.probe.integrations._timer import HookTimer
+from gputop_dl.probe.integrations._timer import HookTimer, attr_int
 
 
 class GputopCallback(Callback):
@@ -16,10 +25,24 @@ class GputopCallback(Callback):
         self._timer = HookTimer(probe)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self._timer.epoch_start(getattr(trainer, "train_dataloader", None), "lightning")
+        ranks = (
+            attr_int(trainer, "global_rank"),
+            attr_int(trainer, "local_rank"),
+            attr_int(trainer, "world_size"),
+        )
+        self._timer.epoch_start(getattr(trainer, "train_dataloader", None), "lightning", ranks)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
-        self._timer.batch_start(batch)
+        self._timer.batch_start(batch, "forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._timer.phase("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._timer.phase(None)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._timer.phase("optimizer")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, idx: int

@@ -1,7 +1,13 @@
 """``Trainer(callbacks=[GputopCallback()])``: HF Trainer steps timed by gputop's probe.
 
 The Trainer reports optimizer steps: with gradient accumulation one timed step covers
-all its micro-batches, and no per-batch data wait is seen separately.
+all its micro-batches, and no per-batch data wait is seen separately. Phases, from the
+Trainer's events: ``forward-backward`` (step begin to ``on_pre_optimizer_step``: every
+micro-batch's forward and backward, and gradient clipping; the Trainer has no event
+between forward and backward) and ``optimizer`` (``on_pre_optimizer_step`` to
+``on_optimizer_step``). Rank, local rank and world size come from ``TrainingArguments``
+(``process_index``, ``local_process_index``, ``world_size``) when the environment does
+not set RANK / LOCAL_RANK / WORLD_SIZE.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from gputop_dl.probe.integrations._timer import HookTimer
+from gputop_dl.probe.integrations._timer import HookTimer, attr_int
 
 
 class GputopCallback(TrainerCallback):
@@ -20,10 +26,21 @@ class GputopCallback(TrainerCallback):
         self._timer = HookTimer(probe)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._timer.epoch_start(kwargs.get("train_dataloader"), "transformers")
+        ranks = (
+            attr_int(args, "process_index"),
+            attr_int(args, "local_process_index"),
+            attr_int(args, "world_size"),
+        )
+        self._timer.epoch_start(kwargs.get("train_dataloader"), "transformers", ranks)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._timer.batch_start(None)
+        self._timer.batch_start(None, "forward-backward")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timer.phase("optimizer")
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timer.phase(None)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.batch_end()

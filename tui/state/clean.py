@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gputop_dl.probe.messages import Hello, StepRecord
+from gputop_dl.probe.messages import Hello, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
 
 T = TypeVar("T")
@@ -207,3 +207,20 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         if value is not None and clean_text(value) != value:
             changes[name] = clean_text(value)
     return evolve(sample, **changes) if changes else sample
+
+
+def clean_stack(stack: Stack, received: float) -> Stack | None:
+    """The stack with printable text only; None when its time makes no sense."""
+    if not check_time(stack.time, received):
+        return None
+    frames = tuple(
+        evolve(
+            f,
+            file=clean_text(f.file),
+            function=clean_text(f.function),
+            code=clean_text(f.code) if f.code is not None else None,
+        )
+        for f in stack.frames
+    )
+    thread = clean_text(stack.thread) if stack.thread is not None else None
+    return evolve(stack, frames=frames, thread=thread)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gputop_dl.probe.messages import LoaderInfo
+from gputop_dl.probe.messages import LoaderInfo, Stack
 from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 
 if TYPE_CHECKING:
@@ -93,6 +93,7 @@ class RunSummary:
     last_step_index: int | None = None  # index of the newest step received
     loop: str | None = None  # "not-started" | "in-loop" | "outside" (newest of hello and loop)
     ended_at: float | None = None  # viewer time it exited / was lost; removed a minute later
+    stack: Stack | None = None  # the newest stack the probe took in a stall (probe/stack.py)
 
 
 OUR_PROTOCOL = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"

@@ -10,7 +10,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps
+from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
@@ -71,6 +71,7 @@ class Run:
         self.pending: tuple[ThroughputPoint, ...] = ()
         self.slot: int | None = None  # switcher position, given at the first tick
         self.pid_checked: float | None = None  # viewer time of the last pid check
+        self.stack: Stack | None = None  # the newest stack the probe took in a stall
 
     # ---------------------------------------------------------------- identity
 

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from gputop_dl.probe.messages import Bye, Hello, Loop, Message, StepRecord, Steps, System
+from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Stack, StepRecord, Steps, System
 from gputop_dl.probe.samples import SystemSample, TrainingProcesses
 from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
 from gputop_dl.tui.events import BadInput, EndpointState, Received, SourceEvent
@@ -32,6 +32,7 @@ from gputop_dl.tui.state.clean import (
     check_time,
     clean_hello,
     clean_sample,
+    clean_stack,
     clean_text,
     evolve,
 )
@@ -58,6 +59,7 @@ from gputop_dl.tui.state.roster import Who, labels, next_slots
 from gputop_dl.tui.state.run import ANALYSIS_WINDOW_S, MIN_WINDOW_STEPS, Run
 
 if TYPE_CHECKING:
+    from gputop_dl.tui.analysis.stuck import Ptrace
     from gputop_dl.tui.analyzer import Verdict
 
 STALE_AFTER_S = 3.0  # a live run publishes several messages a second
@@ -243,6 +245,12 @@ class ViewerState:
                 source.add_loop(message if how is None else evolve(message, how=clean_text(how)))
             else:
                 self._invalid(source, received, 1, "loop events")
+        elif isinstance(message, Stack):
+            stack = clean_stack(message, received)
+            if stack is None:
+                self._invalid(source, received, 1, "stacks")
+            else:
+                source.stack = stack
         elif isinstance(message, Bye):
             source.bye = evolve(message, reason=clean_text(message.reason))
             source.bye_received = received
@@ -490,6 +498,8 @@ class ViewerState:
             steps=tuple(source.recent_steps(since, MIN_WINDOW_STEPS, MAX_WINDOW_RECORDS)),
             systems=tuple(self._run_systems(source, since)),
             hello=source.window_hello(),  # the newest: it carries the progress of a hung run
+            stack=source.stack,
+            ptrace=self._ptrace(source),
         )
         try:
             # The verdict shown is passed back: a condition it holds is left only below
@@ -501,6 +511,15 @@ class ViewerState:
             if not self._errors or self._errors[-1].text != text:
                 self._add_error(now, text)
             return Verdict("error", "warning", 0.0, text)
+
+    def _ptrace(self, source: Run) -> Ptrace | None:
+        """Whether py-spy could attach to a stalled local run from here (None: remote)."""
+        hello = source.hello
+        if source.stack is None or hello is None or hello.host != self.local_host:
+            return None
+        from gputop_dl.tui.ptrace import ptrace_access
+
+        return ptrace_access(hello.pid)
 
     def _run_systems(self, source: Run, since: float) -> list[SystemSample]:
         """Samples of the run's OWN host (a rank on node2 is not judged on node1's), with
@@ -547,6 +566,7 @@ class ViewerState:
             last_step_index=source.last_index,
             loop=hello.loop if hello is not None else None,
             ended_at=self._ended_at(source, connection),
+            stack=source.stack,
         )
 
     def _placeholders(self, runs: Sequence[RunSummary]) -> list[RunSummary]:
@@ -688,6 +708,11 @@ class ViewerState:
     def steps(self, key: str | None = None) -> tuple[StepRecord, ...]:
         source = self._selected_source() if key is None else self._sources.get(key)
         return () if source is None else tuple(source.steps)
+
+    def hello(self, key: str) -> Hello | None:
+        """The run's newest hello, with its loop state merged (for the exporter)."""
+        source = self._sources.get(key)
+        return None if source is None else source.window_hello()
 
     def display_host(self) -> str | None:
         """The host the panels show: the selected run's, else this machine, else any."""

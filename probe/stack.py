@@ -1,0 +1,136 @@
+"""Where a stalled training thread is stuck: its Python stack, taken from inside.
+
+The probe's publisher thread (never the training thread) calls :meth:`StallWatch.check`
+every time it wakes (at least every 0.5 s). When no step has ended for longer than the
+viewer's stall threshold -- max(5 x the median period of the last 30 steps, 10 s),
+docs/verdicts.md -- it takes the training thread's frames from ``sys._current_frames()``,
+once per stall, bounded (:data:`MAX_FRAMES` innermost frames, each string cut to the
+limits of the ``stack`` message). No ptrace, no signal, no code in the training thread:
+reading another thread's frame objects under the GIL is all it costs (~50 us for 32
+frames, plus a source line lookup per frame, cached by ``linecache``).
+"""
+
+from __future__ import annotations
+
+import linecache
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from gputop_dl.probe.messages import Frame, Stack
+
+# The viewer's rule (tui/analysis/thresholds.py STALL_FACTOR / STALL_MIN_S; a test keeps
+# the two equal), so the stack arrives when the viewer starts to say "stalled".
+STALL_FACTOR = 5.0
+STALL_MIN_S = 10.0
+MIN_STEPS = 5  # fewer steps: no typical period, the viewer says "warming up"
+MAX_FRAMES = 32
+MAX_FILE = 256
+MAX_FUNCTION = 128
+MAX_CODE = 200
+
+
+def stall_threshold(periods: Sequence[float]) -> float | None:
+    """Seconds without a step after which the run counts as stalled; None with too few
+    steps to know what is typical."""
+    if len(periods) < MIN_STEPS:
+        return None
+    return max(STALL_FACTOR * statistics.median(periods), STALL_MIN_S)
+
+
+def cut_head(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters, keeping its end (a path's file name)."""
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
+
+
+def cut_tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def frames_of(frame: FrameType | None, limit: int = MAX_FRAMES) -> tuple[tuple[Frame, ...], int]:
+    """The innermost ``limit`` frames from ``frame`` outwards (innermost first), and how
+    many outer frames were left out."""
+    out: list[Frame] = []
+    left_out = 0
+    while frame is not None:
+        if len(out) < limit:
+            code = frame.f_code
+            line = frame.f_lineno or 0
+            text = linecache.getline(code.co_filename, line).strip() if line else ""
+            out.append(
+                Frame(
+                    file=cut_head(code.co_filename, MAX_FILE),
+                    line=max(0, line),
+                    function=cut_tail(getattr(code, "co_qualname", code.co_name), MAX_FUNCTION),
+                    code=cut_tail(text, MAX_CODE) or None,
+                )
+            )
+        else:
+            left_out += 1
+        frame = frame.f_back
+    return tuple(out), left_out
+
+
+def capture(
+    thread_id: int,
+    current_frames: Callable[[], dict[int, FrameType]] = sys._current_frames,
+) -> tuple[tuple[Frame, ...], int] | None:
+    """The stack of thread ``thread_id`` now (see :func:`frames_of`); None if it is gone."""
+    frame = current_frames().get(thread_id)
+    if frame is None:
+        return None
+    try:
+        return frames_of(frame)
+    finally:
+        del frame  # a frame reference keeps every local of that thread alive
+
+
+class StallWatch:
+    """Decides when to take a stack: once per stall (a stall is identified by the index
+    of the step that does not end), only inside the loop, only past the threshold."""
+
+    def __init__(self) -> None:
+        self.taken_for: int | None = None  # the step index of the last stall captured
+
+    def due(
+        self,
+        now: float,
+        last_end: float | None,
+        next_index: int,
+        periods: Sequence[float],
+        in_loop: bool,
+    ) -> float | None:
+        """Seconds stalled when a stack should be taken now, else None.
+
+        ``last_end``: Unix time the last step ended; ``next_index``: the index of the
+        step in progress (steps published so far); ``periods``: recent step periods."""
+        if not in_loop or last_end is None or self.taken_for == next_index:
+            return None
+        limit = stall_threshold(periods)
+        stalled = now - last_end
+        if limit is None or stalled <= limit:
+            return None
+        self.taken_for = next_index
+        return stalled
+
+
+def take_stack(source_id: str, thread_id: int, stalled_s: float, step_index: int) -> Stack | None:
+    """The ``stack`` message for thread ``thread_id`` now; None if it cannot be taken
+    (the thread ended). Called by the publisher thread only."""
+    taken = capture(thread_id)
+    if taken is None:
+        return None
+    frames, left_out = taken
+    thread = next((t.name for t in threading.enumerate() if t.ident == thread_id), None)
+    return Stack(
+        source_id=source_id,
+        time=time.time(),
+        step_index=step_index,
+        stalled_s=min(max(0.0, stalled_s), 1e7),
+        frames=frames,
+        left_out=left_out,
+        thread=cut_tail(thread, 200) if thread else None,
+    )

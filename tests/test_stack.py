@@ -1,0 +1,332 @@
+"""The stack of a stuck step: taken by the probe's publisher thread once per stall,
+bounded, decoded totally, kept by the viewer, named in the stalled verdict and in
+``snapshot --json``; py-spy advised only where it could attach."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from gputop_dl.probe import stack as stacks
+from gputop_dl.probe.messages import Frame, Hello, Stack, StepRecord, Steps
+from gputop_dl.probe.protocol import MalformedMessage, decode, encode
+from gputop_dl.tui.analysis import stuck, thresholds
+from gputop_dl.tui.analyzer import Window, analyze
+from gputop_dl.tui.events import Received
+from gputop_dl.tui.ptrace import judge
+from gputop_dl.tui.state import ViewerState
+
+T0 = 1_700_000_000.0
+
+
+# ------------------------------------------------------------------ the rule
+def test_the_probe_uses_the_viewers_stall_rule() -> None:
+    assert stacks.STALL_FACTOR == thresholds.STALL_FACTOR
+    assert stacks.STALL_MIN_S == thresholds.STALL_MIN_S
+    assert stacks.MIN_STEPS == thresholds.MIN_STEPS
+
+
+@pytest.mark.parametrize(
+    ("periods", "expected"),
+    [
+        ([], None),
+        ([0.1] * 4, None),  # too few steps to know what is typical
+        ([0.1] * 5, 10.0),  # 5 x 0.1 s < 10 s
+        ([3.0] * 30, 15.0),  # 5 x 3 s
+        ([0.1, 0.1, 0.1, 100.0, 100.0], 10.0),  # the median, not the mean
+    ],
+)
+def test_stall_threshold(periods: list[float], expected: float | None) -> None:
+    assert stacks.stall_threshold(periods) == expected
+
+
+def test_a_stack_is_due_once_per_stall_inside_the_loop_past_the_threshold() -> None:
+    watch = stacks.StallWatch()
+    periods = [0.1] * 30
+    due = watch.due
+    assert due(T0 + 5, T0, 7, periods, True) is None  # 5 s: not yet
+    assert due(T0 + 11, T0, 7, periods, False) is None  # outside the loop: never
+    assert due(T0 + 11, None, 7, periods, True) is None  # no step yet
+    assert due(T0 + 11, T0, 7, periods[:3], True) is None  # warming up
+    assert due(T0 + 11, T0, 7, periods, True) == pytest.approx(11.0)
+    assert due(T0 + 60, T0, 7, periods, True) is None  # the same stall: once
+    assert due(T0 + 80, T0 + 70, 8, periods, True) is None  # a step ended: not stalled
+    assert due(T0 + 90, T0 + 70, 8, periods, True) == pytest.approx(20.0)  # a new stall
+
+
+# ------------------------------------------------------------------ capture
+def _sleeper(ready: threading.Event, stop: threading.Event) -> None:
+    ready.set()
+    stop.wait(30)  # SLEEPER LINE
+
+
+def test_capture_names_another_threads_line_innermost_first() -> None:
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_sleeper, args=(ready, stop), name="trainer")
+    thread.start()
+    ready.wait()
+    time.sleep(0.05)
+    try:
+        assert thread.ident is not None
+        message = stacks.take_stack("h:1", thread.ident, 12.5, 42)
+    finally:
+        stop.set()
+        thread.join()
+    assert message is not None and message.thread == "trainer" and message.step_index == 42
+    ours = [f for f in message.frames if f.function == "_sleeper"]
+    assert len(ours) == 1 and ours[0].file == __file__
+    line = next(
+        i
+        for i, t in enumerate(Path(__file__).read_text().splitlines(), 1)
+        if "SLEEPER LINE" in t and "stop.wait" in t
+    )
+    assert ours[0].line == line and ours[0].code == "stop.wait(30)  # SLEEPER LINE"
+    assert message.frames[0].function.endswith("wait")  # innermost first: threading's wait
+    assert message.frames[-1].function == "Thread._bootstrap"
+    assert decode(encode(message)) == message
+
+
+def test_capture_of_a_thread_that_is_gone_is_none() -> None:
+    assert stacks.capture(123456789, lambda: {}) is None
+
+
+def _deep(n: int) -> FrameType:
+    if n == 0:
+        return sys._getframe()
+    return _deep(n - 1)
+
+
+def test_frames_are_bounded() -> None:
+    frames, left_out = stacks.frames_of(_deep(100))
+    assert len(frames) == stacks.MAX_FRAMES and frames[0].function == "_deep"
+    assert left_out > 100 - stacks.MAX_FRAMES
+    long = stacks.cut_head("/x" * 300 + "/train.py", stacks.MAX_FILE)
+    assert len(long) == 256 and long.endswith("/train.py") and long.startswith("…")
+    assert len(stacks.cut_tail("f" * 500, stacks.MAX_FUNCTION)) == 128
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"frames": tuple(Frame("a.py", 1, "f") for _ in range(33))},
+        {"frames": (Frame("a" * 257, 1, "f"),)},
+        {"frames": (Frame("a.py", 1, "f" * 129),)},
+        {"frames": (Frame("a.py", 1, "f", "x" * 201),)},
+        {"stalled_s": float("nan")},
+        {"time": -1.0},
+    ],
+)
+def test_the_decoder_rejects_a_stack_beyond_its_limits(change: dict[str, object]) -> None:
+    base = {"source_id": "h:1", "time": T0, "step_index": 1, "stalled_s": 1.0, "frames": ()}
+    import msgspec
+
+    payload = msgspec.msgpack.encode({"v": [2, 1], "kind": "stack", "body": {**base, **change}})
+    with pytest.raises(MalformedMessage):
+        decode([b"gputop.stack", payload])
+
+
+# ------------------------------------------------------------------ viewer side
+USER = Frame("/home/u/train.py", 57, "train", "time.sleep(3600)")
+LIB = Frame("/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 1, "next", "x")
+
+
+LIB_SHOWN = f"  at …{LIB.file[-59:]}:1 in next(): x"  # the path's end, 60 characters
+
+
+def stack(*frames: Frame, index: int = 10) -> Stack:
+    return Stack("h:1", T0 + 40, index, 20.0, frames, thread="MainThread")
+
+
+@pytest.mark.parametrize(
+    ("frames", "expected"),
+    [
+        ((USER,), ["  at /home/u/train.py:57 in train(): time.sleep(3600)"]),
+        (
+            (LIB, LIB, LIB, USER),
+            [
+                LIB_SHOWN,
+                LIB_SHOWN,
+                LIB_SHOWN,
+                "  your code: /home/u/train.py:57 in train(): time.sleep(3600)",
+            ],
+        ),
+    ],
+)
+def test_stack_evidence(frames: tuple[Frame, ...], expected: list[str]) -> None:
+    lines = stuck.stack_evidence(stack(*frames))
+    assert lines[0].startswith("training thread (MainThread) stack after 20 s without a step")
+    assert lines[1:] == expected
+
+
+def test_only_the_stall_in_progress_has_its_stack_shown() -> None:
+    s = stack(USER, index=10)
+    assert stuck.current(s, 9) is s and stuck.current(s, None) is s
+    assert stuck.current(s, 10) is None and stuck.current(None, 3) is None
+
+
+@pytest.mark.parametrize(
+    ("scope", "mine", "theirs", "cap", "allowed", "why"),
+    [
+        (0, 1000, 1000, False, True, ""),
+        (None, 1000, 1000, False, True, ""),  # no Yama: classic rules
+        (1, 1000, 1000, False, False, "ptrace_scope is 1"),
+        (1, 1000, 1000, True, True, ""),
+        (2, 1000, 1000, False, False, "ptrace_scope is 2"),
+        (2, 1000, 1000, True, True, ""),
+        (3, 0, 0, True, False, "ptrace_scope is 3"),
+        (0, 1000, 1001, False, False, "another user"),
+        (0, 1000, 1001, True, True, ""),
+    ],
+)
+def test_ptrace_rules(
+    scope: int | None, mine: int, theirs: int, cap: bool, allowed: bool, why: str
+) -> None:
+    verdict = judge(scope, mine, theirs, cap)
+    assert verdict.allowed is allowed and why in verdict.why
+
+
+@pytest.mark.parametrize(
+    ("access", "expected"),
+    [
+        (stuck.Ptrace(True, ""), "py-spy dump --native --pid 77"),
+        (stuck.Ptrace(False, "kernel.yama.ptrace_scope is 1"), "py-spy cannot attach from here"),
+        (None, "py-spy dump --native --pid 77 on node3 (needs ptrace rights there)"),
+    ],
+)
+def test_pyspy_advice(access: stuck.Ptrace | None, expected: str) -> None:
+    assert expected in stuck.pyspy_advice(77, "node3", access)
+
+
+def hello() -> Hello:
+    return Hello("h:1", "probe", "train", "h", 77, T0, "0", loop="in-loop", loop_since=T0)
+
+
+def steps(n: int = 10) -> tuple[StepRecord, ...]:
+    return tuple(StepRecord(i, T0 + 0.1 * (i + 1), 0.1, 0.0, 4) for i in range(n))
+
+
+def test_the_stalled_verdict_names_the_line_and_advises_by_access() -> None:
+    window = Window(T0 + 60, steps(), (), hello(), stack(LIB, USER), stuck.Ptrace(False, "no"))
+    verdict = analyze(window)
+    assert verdict.kind == "stalled"
+    text = "\n".join(verdict.evidence)
+    assert "  at /home/u/train.py:57 in train(): time.sleep(3600)" in text
+    assert verdict.advice[1] == "py-spy cannot attach from here: no"
+    # A stack of an earlier stall (a step ended since) is not shown.
+    old = Window(T0 + 60, steps(), (), hello(), stack(USER, index=3), None)
+    assert "train.py" not in "\n".join(analyze(old).evidence)
+
+
+def test_the_viewer_keeps_the_newest_stack_cleaned() -> None:
+    state = ViewerState("h", pid_alive=False)
+    dirty = Frame("/t/x.py", 3, "f\x1b[2J", "sleep()\x07")
+    state.apply(Received(hello(), T0))
+    state.apply(Received(Steps("h:1", steps(), 1, 0), T0 + 1))
+    state.apply(Received(stack(dirty), T0 + 40))
+    state.tick(T0 + 41)
+    (run,) = state.runs
+    assert run.stack is not None and run.stack.frames[0].function == "f[2J"
+    assert run.stack.frames[0].code == "sleep()"
+    assert run.verdict is not None and run.verdict.kind == "stalled"
+    assert any("/t/x.py:3" in e for e in run.verdict.evidence)
+
+
+# ------------------------------------------------------------------ a real stall
+TRAINING = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    import torch
+    from gputop_dl import probe
+    from gputop_dl.probe import stack as stacks
+
+    calls = []
+    real = stacks.take_stack
+    def spy(*args, **kwargs):
+        calls.append([threading.get_ident(), threading.current_thread().name])
+        return real(*args, **kwargs)
+    stacks.take_stack = spy  # core.py calls it through the module
+
+    p = probe.Probe(name="stuck", listen=sys.argv[1], system_interval_s=0.5)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    print("up", flush=True)
+    for i, (x, y) in enumerate(p.watch(loader)):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(0.01)
+        if i == 20:
+            print("stalling", flush=True)
+            time.sleep(float(sys.argv[2]))  # STUCK HERE
+    p.close()
+    print(json.dumps({"calls": calls, "training": threading.get_ident()}), flush=True)
+    """
+)
+
+
+def test_a_stalled_training_names_the_line_it_sleeps_on(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the training is a real torch model")
+    script = tmp_path / "stuck.py"
+    script.write_text(TRAINING)
+    line = next(i for i, t in enumerate(TRAINING.splitlines(), 1) if "# STUCK HERE" in t)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    train = subprocess.Popen(
+        [sys.executable, str(script), endpoint, "16"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert train.stdout is not None
+        assert train.stdout.readline() == "up\n"
+        assert train.stdout.readline() == "stalling\n"
+        time.sleep(10.5)  # the stall threshold is 10 s (steps of ~10 ms)
+        snap = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gputop_dl.tui.cli",
+                "snapshot",
+                "--json",
+                "--wait",
+                "2.5",
+                endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert snap.returncode == 0, snap.stderr
+        (run,) = json.loads(snap.stdout)["runs"]
+        assert run["verdict"]["kind"] == "stalled"
+        innermost = run["stack"]["frames"][0]
+        assert innermost == {
+            "file": str(script),
+            "line": line,
+            "function": "<module>",
+            "code": "time.sleep(float(sys.argv[2]))  # STUCK HERE",
+        }
+        assert run["stack"]["step_index"] == 20 and run["stack"]["stalled_s"] >= 10.0
+        assert any(f"stuck.py:{line} in <module>()" in e for e in run["verdict"]["evidence"])
+        out, _ = train.communicate(timeout=40)
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    # Once per stall, and never on the training thread: on the publisher thread.
+    assert len(result["calls"]) == 1
+    ident, name = result["calls"][0]
+    assert ident != result["training"] and name == "gputop-publisher"
