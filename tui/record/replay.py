@@ -18,6 +18,12 @@ from gputop_dl.tui.record.reader import Timeline
 from gputop_dl.tui.state import ViewerState
 
 TICK_S = 0.5  # the live viewer's default refresh period: the state is ticked this often
+# A quick replay (snapshot of a long recording) ticks every COARSE_TICK_S up to FINE_S
+# before the moment asked for, then every TICK_S: the verdict at that moment comes from
+# the same analyzer over the same window (30 s) and hysteresis as live; only the times
+# of earlier changes (a verdict's "since") are as coarse as COARSE_TICK_S.
+COARSE_TICK_S = 30.0
+FINE_S = 120.0
 POLL_S = 0.05  # the replay source hands over what is due this often (wall time)
 SPEEDS = (1, 2, 5, 10, 20, 30, 60)
 
@@ -99,28 +105,28 @@ class Replayer:
         self.applied = 0  # events of the timeline applied: always a prefix
         self.ticked: float | None = None  # recorded time of the last tick
 
-    def feed(self, events: Sequence[SourceEvent]) -> None:
-        """Apply the timeline's next ``events``, ticking at each TICK_S boundary crossed."""
+    def feed(self, events: Sequence[SourceEvent], every: float = TICK_S) -> None:
+        """Apply the timeline's next ``events``, ticking each ``every`` s of their times."""
         state = self.state
         for event in events:
             at = event_time(event)
             if at is not None:
-                self._tick_until(at, inclusive=False)
+                self._tick_until(at, every, inclusive=False)
             state.apply(event)
         self.applied += len(events)
 
-    def _tick_until(self, t: float, *, inclusive: bool) -> None:
+    def _tick_until(self, t: float, every: float, *, inclusive: bool) -> None:
         if self.ticked is None:
-            self.ticked = t - TICK_S if inclusive else t  # the first event starts the clock
+            self.ticked = t - every if inclusive else t  # the first event starts the clock
             if not inclusive:
                 return
-        while self.ticked + TICK_S < t or (inclusive and self.ticked + TICK_S <= t):
-            self.ticked += TICK_S
+        while self.ticked + every < t or (inclusive and self.ticked + every <= t):
+            self.ticked += every
             self._tick(self.ticked)
 
     def tick(self, t: float) -> None:
         """Tick the state at ``t`` (after the TICK_S ticks before it)."""
-        self._tick_until(t, inclusive=True)
+        self._tick_until(t, TICK_S, inclusive=True)
         if self.ticked is None or self.ticked < t:
             self.ticked = t
             self._tick(t)
@@ -130,13 +136,16 @@ class Replayer:
         if self.on_tick is not None:
             self.on_tick(self.state, t)
 
-    def advance_to(self, t: float) -> None:
+    def advance_to(self, t: float, *, quick: bool = False) -> None:
         """The state as of recorded time ``t``; rebuilt from the start when ``t`` is
-        before where it is."""
+        before where it is. ``quick``: coarse ticks until FINE_S before ``t``."""
         if self.ticked is not None and t < self.ticked:
             self.reset()
         timeline = self.timeline
         upto = timeline.index_after(t)
+        if quick:
+            fine = min(upto, max(self.applied, timeline.index_after(t - FINE_S)))
+            self.feed(timeline.events[self.applied : fine], COARSE_TICK_S)
         if upto > self.applied:
             self.feed(timeline.events[self.applied : upto])
         self.tick(t)
@@ -183,8 +192,8 @@ class ReplaySource:
         return position
 
 
-def replay_state(timeline: Timeline, at: float | None = None) -> Replayer:
+def replay_state(timeline: Timeline, at: float | None = None, *, quick: bool = True) -> Replayer:
     """The replayer advanced to ``at`` (default: the end of the recording)."""
     replayer = Replayer(timeline)
-    replayer.advance_to(timeline.end if at is None else at)
+    replayer.advance_to(timeline.end if at is None else at, quick=quick)
     return replayer

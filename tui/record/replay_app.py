@@ -83,6 +83,6 @@ class ReplayApp(GputopApp):
         with source.lock:  # the source hands nothing over meanwhile
             position = source.seek(position)
             self._take_inbox()  # handed over before the seek: the replayer catches up
-            replayer.advance_to(position)
+            replayer.advance_to(position, quick=True)  # back: a rebuild, coarse early on
             self.state = replayer.state  # a new one when it was rebuilt
         self.refresh_view()
