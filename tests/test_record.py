@@ -201,10 +201,12 @@ def test_max_size_rotates_into_parts_read_back_in_order(tmp_path: Path) -> None:
     parts = sorted(tmp_path.glob("r.gtrec*"), key=lambda p: (len(p.name), p.name))
     assert writer.part >= 2 and len(parts) == writer.part + 1
     assert [p.name for p in parts[:3]] == ["r.gtrec", "r.gtrec.1", "r.gtrec.2"]
+    with open(path, "rb") as stream:
+        first = read_header(stream)
     for part in parts:
         assert part.stat().st_size <= 64 * 1024
         with open(part, "rb") as stream:
-            assert read_header(stream).recording == read_header(open(path, "rb")).recording
+            assert read_header(stream).recording == first.recording
     expected = [(e.received, encode(e.message)) for e in events if isinstance(e, Received)]
     assert frames_of(path) == expected  # FILE follows its parts
     # a part of another recording with the next number is not taken for this one's

@@ -175,8 +175,7 @@ def view_parser() -> argparse.ArgumentParser:
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
         epilog="commands: gputop demo | agent | snapshot | list | record | export  (each has "
-        "--help)\nreplay a recording: gputop FILE\n\n"
-        + EXIT_CODES,
+        "--help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",

@@ -112,14 +112,22 @@ class Replayer:
             at = event_time(event)
             if at is not None:
                 self._tick_until(at, every, inclusive=False)
+            roster = state.roster
             state.apply(event)
+            if (
+                at is not None
+                and state.roster != roster
+                and (self.ticked is None or self.ticked < at)
+            ):
+                self.ticked = at  # a run appeared or changed: the live app redraws at once
+                self._tick(at)
         self.applied += len(events)
 
     def _tick_until(self, t: float, every: float, *, inclusive: bool) -> None:
-        if self.ticked is None:
-            self.ticked = t - every if inclusive else t  # the first event starts the clock
+        if self.ticked is None:  # the first tick comes with the first source (see feed)
             if not inclusive:
                 return
+            self.ticked = t - every
         while self.ticked + every < t or (inclusive and self.ticked + every <= t):
             self.ticked += every
             self._tick(self.ticked)

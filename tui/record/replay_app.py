@@ -9,17 +9,21 @@ rebuilds the state from the start of the recording.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual.binding import Binding
 
-from gputop_dl.tui.app import GputopApp
+from gputop_dl.tui import app as live_app
+from gputop_dl.tui.app import GputopApp, SourceEvents
 from gputop_dl.tui.events import SourceEvent
 from gputop_dl.tui.record.reader import Timeline
-from gputop_dl.tui.record.replay import Replayer, ReplaySource
+from gputop_dl.tui.record.replay import ReplayClock, Replayer, ReplaySource
 
 SEEK_S = 10.0
 
 
 class ReplayApp(GputopApp):
+    CSS_PATH = Path(live_app.__file__).with_name("app.tcss")  # the live viewer's, not ours
     BINDINGS = [
         Binding("space", "replay_pause", "Play/pause", priority=True),
         Binding("plus,equals_sign", "replay_speed(1)", "Faster", key_display="+"),
@@ -28,9 +32,16 @@ class ReplayApp(GputopApp):
         Binding("right", "replay_seek(1)", "+10 s", key_display="→", priority=True),
     ]
 
-    def __init__(self, timeline: Timeline, *, refresh_hz: float = 2.0, title: str = "") -> None:
+    def __init__(
+        self,
+        timeline: Timeline,
+        *,
+        refresh_hz: float = 2.0,
+        title: str = "",
+        clock: ReplayClock | None = None,
+    ) -> None:
         self.timeline = timeline
-        replay_source = ReplaySource(timeline)
+        replay_source = ReplaySource(timeline, clock)
         self.replay_source = replay_source
         self.replayer = Replayer(timeline)
         super().__init__(
@@ -44,6 +55,17 @@ class ReplayApp(GputopApp):
             self.title = f"gputop · {title}"
 
     # ------------------------------------------------------------ events in order
+    def _emit(self, events: list[SourceEvent]) -> None:
+        """Every event, in order (the replayer relies on it): nothing is dropped, the
+        replay clock paces the source, so a batch is what one POLL_S of recorded time
+        at the current speed holds."""
+        with self._inbox_lock:
+            self._inbox.extend(events)
+            wake = not self._wake_posted
+            self._wake_posted = True
+        if wake:
+            self.post_message(SourceEvents())
+
     def _apply_inbox(self) -> bool:
         """Apply what the source handed over through the replayer (ticks in between)."""
         events: list[SourceEvent] = self._take_inbox()
