@@ -23,7 +23,7 @@ SEEK_S = 10.0
 
 
 class ReplayApp(GputopApp):
-    CSS_PATH = Path(live_app.__file__).with_name("app.tcss")  # the live viewer's, not ours
+    CSS_PATH = str(Path(live_app.__file__).with_name("app.tcss"))  # the live viewer's, not ours
     BINDINGS = [
         Binding("space", "replay_pause", "Play/pause", priority=True),
         Binding("plus,equals_sign", "replay_speed(1)", "Faster", key_display="+"),
