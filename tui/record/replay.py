@@ -22,7 +22,7 @@ TICK_S = 0.5  # the live viewer's default refresh period: the state is ticked th
 # before the moment asked for, then every TICK_S: the verdict at that moment comes from
 # the same analyzer over the same window (30 s) and hysteresis as live; only the times
 # of earlier changes (a verdict's "since") are as coarse as COARSE_TICK_S.
-COARSE_TICK_S = 30.0
+COARSE_TICK_S = 60.0
 FINE_S = 120.0
 POLL_S = 0.05  # the replay source hands over what is due this often (wall time)
 SPEEDS = (1, 2, 5, 10, 20, 30, 60)
