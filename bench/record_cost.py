@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gputop_dl.probe.messages import StepRecord, Steps, System  # noqa: E402
-from gputop_dl.probe.protocol import encode  # noqa: E402
-from gputop_dl.probe.transport import Publisher  # noqa: E402
-from gputop_dl.tui.record.writer import RecordWriter  # noqa: E402
-from tests.fakes_tui import HOST, SOURCE_ID, T0, hello, system_sample  # noqa: E402
+from gputop_dl.probe.messages import StepRecord, Steps, System
+from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.transport import Publisher
+from gputop_dl.tui.record.writer import RecordWriter
+from tests.fakes_tui import HOST, SOURCE_ID, T0, hello, system_sample
 
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "5"))
 SIZE_SECONDS = 600
