@@ -154,7 +154,7 @@ def main() -> None:
         print(f"  steps at {rate:>5}/s        {steps_bytes(folder, rate):7.1f} bytes per step")
     print(f"  node sample (64 cores, 8 GPUs)  {samples_bytes(folder, False):7.0f} bytes")
     print(f"  node sample (this host, real)   {samples_bytes(folder, True):7.0f} bytes")
-    print(f"recorder CPU at 1,000 steps/s ({CPU_SECONDS:g} s runs, minus an idle run):")
+    print(f"recorder CPU ({CPU_SECONDS:g} s runs, whole process incl. start-up):")
     busy, idle, extra, sizes = [], [], [], []
     for _ in range(REPEATS):
         cpu, size = recorder_cpu(folder, 1000, CPU_SECONDS)

@@ -4,6 +4,7 @@ recorded clock, seeking, the viewer on a recording (pause, speed, seek, time lin
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -314,3 +315,38 @@ async def test_r_records_what_the_viewer_receives_and_the_file_replays(
     state = replay_state(timeline).state
     assert [run.key for run in state.runs] == [SOURCE_ID]
     assert state.runs[0].step_count > 0
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+def test_snapshot_of_a_recording_at_a_moment_text_and_json(
+    recording: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gputop_dl.tui.cli import main
+
+    assert main(["snapshot", str(recording), "--at", "50s"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: compute-bound" in text and "resnet50" in text
+    assert main(["snapshot", str(recording), "--json"]) == 0
+    snap = json.loads(capsys.readouterr().out)
+    assert snap["runs"][0]["verdict"]["kind"] == "input-bound"
+    assert snap["recording"]["at"] == snap["recording"]["end"] == load_timeline(recording).end
+    assert main(["snapshot", str(recording), "--at", "-55s", "--json"]) == 0
+    at = json.loads(capsys.readouterr().out)["recording"]["at"]
+    assert at == pytest.approx(snap["recording"]["end"] - 55.0)
+    assert main(["snapshot", str(recording), "--at", "soon"]) == 2
+    assert "not a moment" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_a_recording_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gputop_dl.tui.cli import main
+
+    other = tmp_path / "train.py"
+    other.write_text("print('hi')\n")
+    assert main(["snapshot", str(other)]) == 1
+    assert "not a gputop recording" in capsys.readouterr().err
+    assert main([str(other)]) == 2  # no terminal here: said, with the headless command
+    assert "gputop snapshot FILE" in capsys.readouterr().err

@@ -195,7 +195,7 @@ def cmd_view_recording(argv: list[str]) -> int:
     from gputop_dl.tui.cli import REFRESH_HZ, HelpFormatter, in_range
 
     ap = argparse.ArgumentParser(
-        prog="gputop FILE",
+        prog="gputop",
         formatter_class=HelpFormatter,
         description="Replay a recording in the viewer: space pauses, + and - change the "
         "speed (x1 to x60), left and right arrows seek by 10 s.",
@@ -211,7 +211,7 @@ def cmd_snapshot_recording(argv: list[str]) -> int:
     from gputop_dl.tui.cli import HelpFormatter
 
     ap = argparse.ArgumentParser(
-        prog="gputop snapshot FILE",
+        prog="gputop snapshot",
         formatter_class=HelpFormatter,
         description="The runs, host and verdict of a recording, at its end or at --at.",
     )
@@ -222,8 +222,19 @@ def cmd_snapshot_recording(argv: list[str]) -> int:
         help="a moment: 90s or 5m after the start, -30s before the end, or an ISO time",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_glue_negative(argv, "--at"))
     return snapshot_recording(args.file, args.at, args.json)
+
+
+def _glue_negative(argv: list[str], option: str) -> list[str]:
+    """``--at -30s`` as ``--at=-30s``: argparse would take ``-30s`` for an option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == option and arg.startswith("-"):
+            out[-1] = f"{option}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def view_recording(path: str, refresh_hz: float) -> int:
