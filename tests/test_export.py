@@ -15,6 +15,7 @@ from gputop_dl.probe.messages import StepRecord, Steps
 from gputop_dl.tui.cli import main
 from gputop_dl.tui.events import Received, SourceEvent
 from gputop_dl.tui.record.export import step_slices
+from gputop_dl.tui.record.reader import load_timeline
 from tests.fakes_tui import SOURCE_ID, T0, step_records, steps_events, systems_events
 from tests.recordings import END, FAULT_AT, fault_run, write_events
 
@@ -247,3 +248,22 @@ def test_an_empty_run_exports_an_empty_but_loadable_trace(tmp_path: Path) -> Non
     out = tmp_path / "t.json"
     assert main(["export", str(path), "--perfetto", str(out)]) == 0
     assert json.loads(out.read_text())["traceEvents"] == []
+
+
+def test_a_stretch_of_the_recording(tmp_path: Path) -> None:
+    path = tmp_path / "run.gtrec"
+    write_events(path, with_phases_and_replays())
+    folder = tmp_path / "csv"
+    assert main(["export", str(path), "--csv", str(folder), "--from", "30s", "--to", "-20s"]) == 0
+    start = T0 + 30.0
+    end = load_timeline(path).end - 20.0
+    steps = read(folder / "steps.csv")
+    times = [float(row["end_time_unix_s"]) for row in steps]
+    assert steps and start <= min(times) and max(times) <= end
+    assert min(times) < start + 1 and max(times) > end - 1
+    system = [float(row["time_unix_s"]) for row in read(folder / "system.csv")]
+    assert start <= min(system) and max(system) <= end
+    verdicts = read(folder / "verdicts.csv")
+    assert float(verdicts[0]["time_unix_s"]) == start  # what was shown when it begins
+    assert verdicts[0]["kind"] == "compute-bound" and verdicts[-1]["kind"] == "input-bound"
+    assert main(["export", str(path), "--csv", str(folder), "--from", "later"]) == 2

@@ -266,8 +266,12 @@ def cmd_export(argv: list[str]) -> int:
     )
     ap.add_argument("file", metavar="FILE", help="a recording (gputop record, or r in the viewer)")
     ap.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome Trace Event JSON file")
-    ap.add_argument("--csv", metavar="DIR", help="write steps.csv and system.csv into DIR")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--csv", metavar="DIR", help="write steps.csv, system.csv, devices.csv, verdicts.csv"
+    )
+    ap.add_argument("--from", dest="start", metavar="TIME", help="from this moment (as --at)")
+    ap.add_argument("--to", dest="end", metavar="TIME", help="up to this moment")
+    args = ap.parse_args(_glue_negative(_glue_negative(argv, "--from"), "--to"))
     if not args.perfetto and not args.csv:
         ap.error("say what to write: --perfetto OUT.json and/or --csv DIR")
     timeline = load(args.file, "gputop export")
@@ -276,11 +280,19 @@ def cmd_export(argv: list[str]) -> int:
     from gputop_dl.tui.record.export import write_csv, write_perfetto
 
     try:
+        span = (
+            parse_moment(args.start, timeline.start, timeline.end) if args.start else 0.0,
+            parse_moment(args.end, timeline.start, timeline.end) if args.end else float("inf"),
+        )
+    except ValueError as exc:
+        print(f"gputop export: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         if args.perfetto:
-            count = write_perfetto(timeline, Path(args.perfetto))
+            count = write_perfetto(timeline, Path(args.perfetto), span)
             print(f"gputop export: {count} trace events: {args.perfetto}", file=sys.stderr)
         if args.csv:
-            for name, rows in write_csv(timeline, Path(args.csv)).items():
+            for name, rows in write_csv(timeline, Path(args.csv), span).items():
                 print(f"gputop export: {rows} rows: {Path(args.csv) / name}", file=sys.stderr)
     except OSError as exc:
         print(f"gputop export: {exc}", file=sys.stderr)

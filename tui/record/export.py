@@ -15,6 +15,7 @@ per host with counters for CPU, memory, disk, network and each accelerator.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,7 +57,13 @@ class Facts:
     samples: dict[tuple[str, float], SystemSample] = field(default_factory=dict)  # host, time
 
 
-def collect(timeline: Timeline) -> Facts:
+Span = tuple[float, float]  # the stretch of the recording exported, Unix seconds
+EVERYTHING: Span = (0.0, float("inf"))
+
+
+def collect(timeline: Timeline, span: Span = EVERYTHING) -> Facts:
+    """Runs, their steps ending within ``span``, and the node samples taken within it."""
+    low, high = span
     facts = Facts()
     for event in timeline.events:
         if not isinstance(event, Received):
@@ -70,10 +77,12 @@ def collect(timeline: Timeline) -> Facts:
         elif isinstance(message, Steps):
             run = facts.runs.setdefault(message.source_id, RunFacts(message.source_id))
             for record in message.records:
-                run.steps.setdefault(record.index, record)
+                if low <= record.end_time <= high:
+                    run.steps.setdefault(record.index, record)
         elif isinstance(message, System) and message.sample.host_sampled:
             sample = message.sample
-            facts.samples.setdefault((sample.host, sample.time), sample)
+            if low <= sample.time <= high:
+                facts.samples.setdefault((sample.host, sample.time), sample)
     return facts
 
 
@@ -88,8 +97,9 @@ class VerdictChange:
     headline: str
 
 
-def verdict_changes(timeline: Timeline) -> list[VerdictChange]:
-    """Each run's shown verdict whenever it changed, from a replay of the recording."""
+def verdict_changes(timeline: Timeline, span: Span = EVERYTHING) -> list[VerdictChange]:
+    """Each run's shown verdict whenever it changed within ``span`` (the one shown as it
+    begins, at its start), from a replay of the recording up to its end."""
     changes: list[VerdictChange] = []
     shown: dict[str, tuple[str, str | None, str]] = {}
 
@@ -109,8 +119,13 @@ def verdict_changes(timeline: Timeline) -> list[VerdictChange]:
                 )  # fmt: skip
 
     replayer = Replayer(timeline, on_tick=on_tick)
-    replayer.advance_to(timeline.end)
-    return changes
+    replayer.advance_to(min(timeline.end, span[1]))
+    low = span[0]
+    held: dict[str, VerdictChange] = {}
+    for change in changes:
+        if change.time < low:
+            held[change.source_id] = dataclasses.replace(change, time=low)
+    return [*held.values(), *(c for c in changes if c.time >= low)]
 
 
 # ----------------------------------------------------------------------- Perfetto
@@ -215,8 +230,8 @@ def host_counters(sample: SystemSample, pid: int) -> Iterator[dict[str, Any]]:
         yield _counter(f"{name} memory bytes", sample.time, pid, {"used": device["mem_used_bytes"]})
 
 
-def perfetto_events(timeline: Timeline) -> Iterator[dict[str, Any]]:
-    facts = collect(timeline)
+def perfetto_events(timeline: Timeline, span: Span = EVERYTHING) -> Iterator[dict[str, Any]]:
+    facts = collect(timeline, span)
     pids: dict[str, int] = {}
     for sort, run in enumerate(sorted(facts.runs.values(), key=lambda r: r.label)):
         pid = pids[run.source_id] = sort + 1
@@ -239,7 +254,7 @@ def perfetto_events(timeline: Timeline) -> Iterator[dict[str, Any]]:
                 "args": {"sort_index": hosts[host]},
             }
         yield from host_counters(sample, hosts[host])
-    for change in verdict_changes(timeline):
+    for change in verdict_changes(timeline, span):
         if change.source_id not in pids:
             continue
         pid = pids[change.source_id]
@@ -256,12 +271,12 @@ def perfetto_events(timeline: Timeline) -> Iterator[dict[str, Any]]:
         }
 
 
-def write_perfetto(timeline: Timeline, out: Path) -> int:
+def write_perfetto(timeline: Timeline, out: Path, span: Span = EVERYTHING) -> int:
     """Write the trace (streamed: one event a line); the number of events."""
     count = 0
     with open(out, "w", encoding="utf-8") as stream:
         stream.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-        for event in perfetto_events(timeline):
+        for event in perfetto_events(timeline, span):
             if count:
                 stream.write(",\n")
             stream.write(json.dumps(event, separators=(",", ":")))
@@ -371,10 +386,10 @@ def _write_table(path: Path, columns: tuple[str, ...], rows: Iterator[dict[str, 
     return count
 
 
-def write_csv(timeline: Timeline, folder: Path) -> dict[str, int]:
+def write_csv(timeline: Timeline, folder: Path, span: Span = EVERYTHING) -> dict[str, int]:
     """steps.csv, system.csv, devices.csv and verdicts.csv in ``folder``; rows of each."""
     folder.mkdir(parents=True, exist_ok=True)
-    facts = collect(timeline)
+    facts = collect(timeline, span)
     samples = sorted(facts.samples.values(), key=lambda s: (s.time, s.host))
 
     def steps() -> Iterator[dict[str, Any]]:
@@ -387,7 +402,7 @@ def write_csv(timeline: Timeline, folder: Path) -> dict[str, int]:
             yield from device_rows(sample)
 
     def verdicts() -> Iterator[dict[str, Any]]:
-        for change in verdict_changes(timeline):
+        for change in verdict_changes(timeline, span):
             yield {
                 "time_unix_s": change.time,
                 "source_id": change.source_id,
