@@ -411,3 +411,38 @@ def datetime_iso(t: float) -> str:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
+
+
+# ------------------------------------------------------------ gputop record itself
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)])
+def test_record_stops_cleanly_on_a_signal(tmp_path: Path, sig: int, status: int) -> None:
+    path = tmp_path / "r.gtrec"
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "gputop_dl", "record", str(path), "--no-local"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert recorder.stderr is not None
+        assert "recording to" in recorder.stderr.readline()  # started, handlers set
+        recorder.send_signal(sig)
+        assert recorder.wait(30) == status
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+    recording = open_recording(path)
+    assert list(recording.entries()) == [] and recording.notes.count == 0
+
+
+def test_record_refuses_an_existing_file_and_a_dead_endpoint(tmp_path: Path) -> None:
+    path = tmp_path / "r.gtrec"
+    path.write_text("keep me")
+    run = [sys.executable, "-m", "gputop_dl", "record"]
+    out = subprocess.run([*run, str(path), "--no-local"], capture_output=True, text=True)
+    assert out.returncode == 2 and "cannot create" in out.stderr
+    assert path.read_text() == "keep me"
+    dead = f"ipc://{tmp_path}/nothing.sock"
+    out = subprocess.run([*run, str(tmp_path / "new.gtrec"), dead], capture_output=True, text=True)
+    assert out.returncode == 1 and "no such socket" in out.stderr

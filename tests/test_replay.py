@@ -350,3 +350,36 @@ def test_a_file_that_is_not_a_recording_is_said(
     assert "not a gputop recording" in capsys.readouterr().err
     assert main([str(other)]) == 2  # no terminal here: said, with the headless command
     assert "gputop snapshot FILE" in capsys.readouterr().err
+
+
+class TappedSource:
+    """A source with a raw tap, as ZmqSource has: the test plays its thread."""
+
+    def __init__(self) -> None:
+        self.raw_tap: Any = None
+        self.stopped = False
+
+    def start(self, emit: Any) -> None:
+        self.emit = emit
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_quitting_while_recording_closes_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUTOP_RECORD_DIR", str(tmp_path))
+    source = TappedSource()
+    app = GputopApp(source, local_host=HOST)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("r")
+        await pilot.pause()
+        assert source.raw_tap is not None
+        source.raw_tap(encode(hello()), T0)  # buffered: less than a second old
+        recorder = app.record_bar.recorder
+        assert recorder is not None
+        await pilot.press("q")
+    assert source.stopped and recorder.writer.closed
+    (path,) = tmp_path.glob("gputop-*.gtrec")
+    assert [type(e) for e in load_timeline(path).events] == [Received]
