@@ -29,6 +29,7 @@ from textual.widgets import Footer, Static
 from gputop_dl.probe.messages import Steps, System
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput, Received, Source, SourceEvent
+from gputop_dl.tui.record.bar import RecordBar
 from gputop_dl.tui.state import ViewerState
 from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
 from gputop_dl.tui.widgets.banner import Banner
@@ -113,6 +114,7 @@ class GputopApp(App[None]):
         Binding("s", "save_screenshot", "Screenshot"),
         Binding("t", "toggle_processes", "Top procs"),
         Binding("j", "rank_board", "Ranks", show=False),  # the banner says so for a job
+        Binding("r", "toggle_record", "Record", show=False),
         Binding("pagedown", "scroll_panels(1)", "Scroll", show=False),
         Binding("pageup", "scroll_panels(-1)", "Scroll", show=False),
         *(Binding(str(n), f"select_run({n})", f"Run {n}", show=False) for n in range(1, 10)),
@@ -150,6 +152,7 @@ class GputopApp(App[None]):
         # The panels, kept by reference: a timer may fire while the screen is torn down.
         self.header = HeaderBar(id="header")
         self.status = StatusLine(id="status")
+        self.record_bar = RecordBar(id="record-bar")  # `r`: the recording in progress
         self.banner = Banner(id="banner")
         self.graph = ThroughputGraph(id="throughput")
         self.accelerators = AcceleratorsPanel(id="accelerators")
@@ -177,6 +180,7 @@ class GputopApp(App[None]):
     def compose(self) -> ComposeResult:
         yield self.header
         yield self.status
+        yield self.record_bar
         yield self.banner
         yield self.graph
         with self.panels:
@@ -212,6 +216,7 @@ class GputopApp(App[None]):
         if self._source_started:
             self._source_started = False
             self.source.stop()
+            self.record_bar.stop_recording()  # after the source: nothing more to write
 
     # ---------------------------------------------------------------- data in
 
@@ -445,6 +450,11 @@ class GputopApp(App[None]):
             self.notify(f"Screenshot not saved: {exc}", severity="error", timeout=6)
             return
         self.notify(f"Screenshot saved: {Path(path).resolve()}", timeout=4)
+
+    def action_toggle_record(self) -> None:
+        from gputop_dl.tui.record.live import toggle_recording
+
+        toggle_recording(self)
 
     async def action_quit(self) -> None:
         self._stop_source()

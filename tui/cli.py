@@ -32,8 +32,9 @@ from typing import Any
 from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
+from gputop_dl.tui.record import commands as recording
 
-COMMANDS = ("demo", "agent", "snapshot", "list", "exporter")
+COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
 INSTRUMENT_HINT = (
     "instrument a training script with: "
@@ -84,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "exporter": lambda a: importlib.import_module(
                     "gputop_dl.tui.exporter"
                 ).cmd_exporter(a),
+                "record": recording.cmd_record,
+                "export": recording.cmd_export,
             }
             return handler[command](rest)
         return cmd_view(args)
@@ -174,8 +177,8 @@ def view_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
-        epilog="commands: gputop demo | agent | snapshot | list  (each has --help)\n\n"
-        + EXIT_CODES,
+        epilog="commands: gputop demo | agent | snapshot | list | record | export  (each has "
+        "--help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",
@@ -199,6 +202,8 @@ def view_parser() -> argparse.ArgumentParser:
 
 
 def cmd_view(argv: list[str]) -> int:
+    if recording.recording_arg(argv) is not None:
+        return recording.cmd_view_recording(argv)
     args = view_parser().parse_args(argv)
     if (problem := viewer_unavailable()) is not None:
         _error("gputop", problem)
@@ -498,11 +503,13 @@ def cmd_agent(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------------- snapshot
 def cmd_snapshot(argv: list[str]) -> int:
+    if recording.recording_arg(argv) is not None:
+        return recording.cmd_snapshot_recording(argv)
     ap = argparse.ArgumentParser(
         prog="gputop snapshot",
         description="Attach for a while, then print the runs, the host and the bottleneck "
         "verdict. For scripts, CI and terminals without a TUI. With no ENDPOINT, every "
-        "probe on this host.",
+        "probe on this host. With a recording FILE: its verdict at the end, or --at TIME.",
         epilog=EXIT_CODES,
         formatter_class=HelpFormatter,
     )

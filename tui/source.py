@@ -9,11 +9,12 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gputop_dl.probe import discovery
-from gputop_dl.probe.messages import Hello, System
-from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode
+from gputop_dl.probe.messages import Hello, Message, System
+from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode, encode
 from gputop_dl.probe.transport import Subscriber, TransportError
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
@@ -22,12 +23,17 @@ POLL_S = 0.1
 DISCOVER_EVERY_S = 1.0
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
 BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
+# Sees every message's frames, undecoded, with its receive time (the recorder, issue 13).
+RawTap = Callable[[list[bytes], float], None]
 
 
 class ZmqSource:
     """Subscribe to ``endpoints``; with ``discover`` also to every probe found on this host.
 
     ``local_sampler``: sample this host in the viewer when no probe or agent does.
+    ``raw_tap`` (settable at any time) is called on the source's thread with the frames of
+    every message before it is decoded, the local sampler's messages encoded as a probe
+    would: what the viewer shows, as it arrived.
     """
 
     def __init__(
@@ -37,7 +43,9 @@ class ZmqSource:
         discover: bool = True,
         local_sampler: bool = True,
         sample_interval_s: float = 1.0,
+        raw_tap: RawTap | None = None,
     ) -> None:
+        self.raw_tap = raw_tap
         self.endpoints = list(endpoints or [])
         self.discover = discover
         self.local_sampler = local_sampler
@@ -120,15 +128,20 @@ class ZmqSource:
                 source_id = f"{self.hostname}:{os.getpid()}"
                 if not self._local_hello_sent:
                     self._local_hello_sent = True
-                    events.append(Received(_local_hello(source_id, self.hostname), time.time()))
+                    hello = Received(_local_hello(source_id, self.hostname), time.time())
+                    self._tap_message(hello.message, hello.received)
+                    events.append(hello)
                 with contextlib.suppress(Exception):
-                    sample = self._sampler.sample()
-                    events.append(Received(System(source_id, sample), time.time()))
+                    local = Received(System(source_id, self._sampler.sample()), time.time())
+                    self._tap_message(local.message, local.received)
+                    events.append(local)
 
     def _decode(self, frames: list[bytes], now: float) -> Received | BadInput | None:
         """The message in ``frames``, or a (rate-limited) report of why there is none.
         Any exception counts: a decoder bug must cost one message, not the thread."""
         wall = time.time()
+        if self.raw_tap is not None:
+            self._tap(frames, wall)
         try:
             return Received(decode(frames), wall)
         except IncompatibleVersion as exc:
@@ -141,6 +154,16 @@ class ZmqSource:
         if _should_report(self._last_error, text, now):
             return BadInput(text[:500], wall, theirs, hint)
         return None
+
+    def _tap(self, frames: list[bytes], received: float) -> None:
+        tap = self.raw_tap
+        if tap is not None:
+            with contextlib.suppress(Exception):  # a recorder's fault must not stop the view
+                tap(frames, received)
+
+    def _tap_message(self, message: Message, received: float) -> None:
+        if self.raw_tap is not None:
+            self._tap(encode(message), received)
 
     def _connect(self, sub: Subscriber, endpoint: str, name: str | None) -> EndpointState:
         try:

@@ -72,6 +72,13 @@ the line under them names what is below the fold.
 switch run · `t` show/hide the top processes · `j` rank board of the job (`o` sort
 column, `r` reverse, `j`/`escape` back) · `PgDn`/`PgUp`, `↓`/`↑` scroll the panels ·
 `s` save an SVG screenshot · `?` or `escape` close this help
+
+## Recording and replay
+
+`r` records what the viewer receives until `r` again, into `$GPUTOP_RECORD_DIR` (default
+`~/.local/share/gputop/recordings`); the line under the problems shows the file and its
+size. `gputop FILE` replays a recording: `space` play/pause, `+`/`-` speed 1 to 60 times,
+`←`/`→` 10 s back/forward; the time line shows where you are.
 """
 
 
