@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gputop_dl.probe.messages import Hello
-from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.protocol import decode, encode
 from gputop_dl.tui.events import Received, SourceEvent
 from gputop_dl.tui.record.format import CODEC_ZSTD
 from gputop_dl.tui.record.writer import RecordWriter
@@ -57,4 +57,9 @@ def fault_run(start: float = T0, fault_at: float = FAULT_AT, end: float = END) -
     events += steps_events(before + after)
     events += systems_events(start + 1.0, end - 0.5, SOURCE_ID, gpu_count=0)
     events.sort(key=lambda e: e.received if isinstance(e, Received) else 0.0)
-    return events
+    # As the wire carries them (step times in whole microseconds): what a live viewer
+    # applies is exactly what a recording of it gives back.
+    return [
+        Received(decode(encode(e.message)), e.received) if isinstance(e, Received) else e
+        for e in events
+    ]
