@@ -336,6 +336,19 @@ def test_ring_buffers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert state.selected is not None and state.selected.rate_avg == pytest.approx(100.0)
 
 
+def test_histories_cover_their_time_not_a_count_of_samples() -> None:
+    """A source sampling every 5 s kept 300 samples (25 minutes, growing all along):
+    histories are bounded in time as well as in count."""
+    state = ViewerState(HOST, history_s=300.0)
+    every_second = systems_events(T0, T0 + 3000, with_processes=False)
+    state.apply_all(every_second[::5])
+    history = state.host_history(HOST)
+    assert history[-1].time - history[0].time <= 300.0
+    assert len(history) == 61
+    source = next(iter(state._sources.values()))
+    assert source.systems[-1].time - source.systems[0].time <= run_module.OWN_SAMPLES_S
+
+
 def test_old_step_records_are_dropped_but_the_totals_kept() -> None:
     state = ViewerState(HOST)
     steady(state, duration_s=200.0)

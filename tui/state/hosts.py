@@ -11,9 +11,24 @@ AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe sample
 MAX_HOSTS = 256  # hosts remembered; the one heard from longest ago is forgotten first
 
 
+def keep_recent(history: deque[SystemSample], sample: SystemSample, keep_s: float) -> None:
+    """Append ``sample`` and drop the samples more than ``keep_s`` older than it.
+
+    The deque's maxlen bounds a flood; this bounds the time covered: a source sampling
+    every 5 s would otherwise keep five windows' worth (and a 30,000-core sample is big).
+    A clock stepped back drops nothing; one stepped forward leaves the newest sample."""
+    history.append(sample)
+    oldest = sample.time - keep_s
+    while history[0].time < oldest:
+        history.popleft()
+
+
+MIN_HISTORY_S = 60.0  # at least a minute of a host's samples, whatever the viewer's window
+
+
 class Host:
     def __init__(self, history_s: float) -> None:
-        self.history: deque[SystemSample] = deque(maxlen=max(60, math.ceil(history_s)))
+        self.history: deque[SystemSample] = deque(maxlen=math.ceil(history_s))
         self.probe_sample_received: float | None = None
         self.last_received: float | None = None
 
@@ -22,7 +37,7 @@ class Hosts:
     """Host name -> its samples, bounded: a publisher inventing host names cannot grow it."""
 
     def __init__(self, history_s: float) -> None:
-        self.history_s = history_s
+        self.history_s = max(MIN_HISTORY_S, history_s)
         self._hosts: dict[str, Host] = {}
 
     def names(self) -> tuple[str, ...]:
@@ -47,4 +62,4 @@ class Hosts:
                 return
         else:
             host.probe_sample_received = received
-        host.history.append(sample)
+        keep_recent(host.history, sample, self.history_s)

@@ -27,7 +27,8 @@ STEP_KEEP_S = 2 * ANALYSIS_WINDOW_S  # older step records are dropped (totals ar
 RATE_WINDOW_S = 5.0  # "samples/s now" covers the last few seconds
 CLOCK_SAMPLES = 50  # recent arrivals the probe's clock offset is estimated from
 CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not matter
-OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second
+OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second ...
+OWN_SAMPLES_S = 120.0  # ... and none older than two minutes
 _samples = attrgetter("samples")
 
 

@@ -36,7 +36,7 @@ from gputop_dl.tui.state.clean import (
     clean_text,
     evolve,
 )
-from gputop_dl.tui.state.hosts import Hosts
+from gputop_dl.tui.state.hosts import Hosts, keep_recent
 from gputop_dl.tui.state.jobs import Jobs, JobSummary
 from gputop_dl.tui.state.model import (
     CONNECTING,
@@ -56,7 +56,7 @@ from gputop_dl.tui.state.model import (
     incompatible_text,
 )
 from gputop_dl.tui.state.roster import Who, labels, next_slots
-from gputop_dl.tui.state.run import ANALYSIS_WINDOW_S, MIN_WINDOW_STEPS, Run
+from gputop_dl.tui.state.run import ANALYSIS_WINDOW_S, MIN_WINDOW_STEPS, OWN_SAMPLES_S, Run
 
 if TYPE_CHECKING:
     from gputop_dl.tui.analysis.stuck import Ptrace
@@ -235,7 +235,7 @@ class ViewerState:
                 self._invalid(source, received, 1, "system samples")
                 return
             source.clock_offsets.append(received - sample.time)
-            source.systems.append(sample)
+            keep_recent(source.systems, sample, OWN_SAMPLES_S)
             if sample.host_sampled:
                 from_agent = source.hello is not None and source.hello.role == "agent"
                 self._hosts.add(sample, received, from_agent=from_agent)
