@@ -33,7 +33,7 @@ from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
 
-COMMANDS = ("demo", "agent", "snapshot", "list")
+COMMANDS = ("demo", "agent", "snapshot", "list", "relay", "keys")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
 INSTRUMENT_HINT = (
     "instrument a training script with: "
@@ -81,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "agent": cmd_agent,
                 "snapshot": cmd_snapshot,
                 "list": cmd_list,
+                "relay": _lazy("gputop_dl.tui.relay", "cmd_relay"),
+                "keys": _lazy("gputop_dl.tui.keys", "cmd_keys"),
             }
             return handler[command](rest)
         return cmd_view(args)
@@ -93,6 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+
+
+def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
+    """A command defined in its own module, imported only when it runs."""
+
+    def run(argv: list[str]) -> int:
+        handler: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+        return handler(argv)
+
+    return run
 
 
 # ------------------------------------------------------------- argument types
