@@ -284,8 +284,8 @@ class GputopApp(App[None]):
         host = state.display_host()
         system = state.host_system()
         self.header.show(run, state.runs, state.selected_index, host)
-        self.status.show(state.errors, state.error_count, run, now)
-        self.banner.show(run, host, now)
+        self.status.show(state.errors, state.error_count, run, now, state.link_summary())
+        self.banner.show(run, host, now, state.agent_only_hosts())
         self.graph.show(run, state.throughput())
         self.accelerators.show(system)
         self.cpu.show(

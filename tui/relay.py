@@ -124,9 +124,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def cmd_relay(argv: list[str]) -> int:
-    from gputop_dl.tui.cli import EXIT_CODES, EXIT_NO_RUN, EXIT_OK, EXIT_USAGE, HelpFormatter
+    from gputop_dl.tui.cli import (
+        EXIT_CODES,
+        EXIT_NO_RUN,
+        EXIT_OK,
+        EXIT_USAGE,
+        HelpFormatter,
+        listen_arg,
+    )
     from gputop_dl.tui.cli import _error as error
-    from gputop_dl.tui.cli import listen_arg
 
     ap = argparse.ArgumentParser(
         prog="gputop relay",
