@@ -151,7 +151,8 @@ class _Host:
         failures = 0
         stop = self.source.stopped
         while not stop.is_set():
-            self.state(CONNECTING)
+            if failures == 0:  # a retry keeps showing why the last attempt failed
+                self.state(CONNECTING)
             went_live = self.once()
             if stop.is_set():
                 break
@@ -202,8 +203,8 @@ class _Host:
             return live
         stderr = b"".join(self.stderr).decode(errors="replace")
         state, detail = classify(self.target.host, proc.returncode, stderr, command)
-        if live and state != LOST and proc.returncode != 255:
-            state = LOST
+        if live:
+            state = LOST  # it was streaming: whatever ended it, the link was lost
         if problem and not (state == NOT_INSTALLED or proc.returncode == 255):
             detail = f"{self.target.host}: {problem}"
         self.state(state, detail)

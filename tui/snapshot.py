@@ -54,6 +54,8 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
     for run in state.runs:
         if run.is_placeholder and run.connection.state == "connecting":
             continue
+        if run.is_placeholder and run.key.startswith("endpoint:ssh://"):
+            continue  # a remote host's link: listed under "hosts"
         verdict = dataclasses.asdict(run.verdict) if run.verdict is not None else None
         runs.append(
             {
