@@ -153,6 +153,8 @@ class Publisher:
         self._sock.setsockopt(zmq.ZAP_DOMAIN, b"gputop")
         if keys is not None:
             curve_server(self._sock, keys)
+            # The CURVE handshake (INITIATE: ~300 bytes) counts against the limit too.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSGSIZE)
         self._zap = self._ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
@@ -364,6 +366,7 @@ ENV_SERVER_KEY = "GPUTOP_SERVER_KEY"
 KEY_FILE = "gputop.key_secret"  # the key pair (zmq.auth certificate format), mode 0600
 AUTHORIZED_FILE = "authorized_keys"  # one Z85 public key per line, "# comments"
 MAX_KEY_FILE_BYTES = 64 * 1024
+CURVE_MAXMSGSIZE = 1024  # a subscriber's largest frame under CURVE: its handshake
 
 
 @dataclass(frozen=True)
@@ -402,10 +405,11 @@ def is_key(text: bytes) -> bool:
 
 def parse_authorized(text: str) -> frozenset[bytes]:
     """The keys of an authorized_keys file: the first word of each line that is a key
-    (comments and anything malformed are skipped)."""
+    (comments and anything malformed are skipped). Z85 has "#" in its alphabet, so a
+    comment is not cut at a "#" but told from a key by its length and decoding."""
     keys = set()
     for line in text.splitlines():
-        words = line.split("#", 1)[0].split()
+        words = line.split()
         if words and is_key(words[0].encode()):
             keys.add(words[0].encode())
     return frozenset(keys)
@@ -422,9 +426,12 @@ def load_keys(directory: Path | None = None) -> CurveKeys | None:
         if path.stat().st_size > MAX_KEY_FILE_BYTES:
             return None
         public, secret = zmq.auth.load_certificate(str(path))
-        authorized_text = (directory / AUTHORIZED_FILE).read_text(errors="replace")
     except (OSError, ValueError):
         return None
+    try:
+        authorized_text = (directory / AUTHORIZED_FILE).read_text(errors="replace")
+    except OSError:
+        authorized_text = ""  # nobody admitted yet: every client is refused
     if secret is None or not is_key(public) or not is_key(secret):
         return None
     server = os.environ.get(ENV_SERVER_KEY, "").strip().encode() or public
@@ -545,6 +552,7 @@ class Forwarder:
                 auth.configure_curve_callback("*", _KeyCheck(self.keys))
                 self._auth = auth
                 curve_server(self._back, self.keys)
+                self._back.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSGSIZE)
         ctl = f"inproc://gputop-relay-ctl-{id(self)}"
         self._ctl_rx = self._ctx.socket(zmq.PAIR)
         self._ctl_rx.bind(ctl)

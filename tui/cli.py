@@ -41,7 +41,7 @@ INSTRUMENT_HINT = (
 )
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = """exit status:
-  0      a run, or a node an agent reports on, was found (snapshot), or the
+  0      a run was found (snapshot; or a node an agent reports on), or the
          viewer was quit
   1      no run reachable: nothing listens on the endpoint, no such socket,
          no run found (snapshot, list), the agent could not bind
@@ -480,13 +480,13 @@ def cmd_agent(argv: list[str]) -> int:
         type=listen_arg,
         help="where to listen (default: private ipc socket; e.g. tcp://127.0.0.1:5555, "
         "tcp://127.0.0.1:* for any free port). Loopback TCP is readable by every user of "
-        "this host; a wildcard or network address is refused without --insecure",
+        "this host; a wildcard or network address needs keys (gputop keys) or --insecure",
     )
     ap.add_argument(
         "--insecure",
         action="store_true",
         help="allow --listen on a wildcard or network address: anyone who can reach it "
-        "reads the samples (authenticated TCP is not available yet; prefer ssh -L)",
+        "reads the samples (without keys from gputop keys; prefer those, or ssh -L)",
     )
     ap.add_argument(
         "--interval",
