@@ -224,3 +224,44 @@ def test_agent_on_the_network_with_keys(capsys: pytest.CaptureFixture[str]) -> N
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_relay_on_the_network_admits_only_authorized_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``gputop relay --listen tcp://0.0.0.0:PORT`` with keys: CURVE + ZAP in the relay
+    (pyzmq's authenticator); the key holder reads the node's probe, a stranger nothing."""
+    keys = make_keys(capsys)
+    probe = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "fakes" / "node_probe.py"), "n1", "p"],
+        stdout=subprocess.PIPE,
+    )
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "gputop_dl", "relay", "--listen", "tcp://0.0.0.0:*"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert probe.stdout is not None and probe.stdout.readline().strip() == b"ready"
+        assert relay.stdout is not None
+        line = relay.stdout.readline().decode()
+        assert "publishing on tcp://0.0.0.0:" in line, relay.stderr.read() if relay.stderr else ""
+        endpoint = f"tcp://{local_address()}:{line.strip().rpartition(':')[2]}"
+        results = []
+        for client in (Subscriber(other_keys(keys.public)), Subscriber()):
+            try:
+                client.connect(endpoint)
+                got: list[object] = []
+                deadline = time.monotonic() + 6
+                while time.monotonic() < deadline and not got:
+                    got.extend(decode(m) for m in client.receive(0.2))
+                results.append(got)
+            finally:
+                client.close()
+        stranger, holder = results
+        assert stranger == []
+        assert any(isinstance(m, Hello) and m.host == "n1" for m in holder)
+    finally:
+        for proc in (relay, probe):
+            proc.kill()
+            proc.wait()
