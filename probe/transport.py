@@ -498,7 +498,9 @@ def connect_maybe_curve(
 
 
 # ----------------------------------------------------------------------- relay
-RELAY_HWM = 10_000  # messages queued per downstream viewer before the relay drops
+# Messages queued per viewer before the relay drops (~10 s of a node's messages): a
+# viewer that falls behind loses messages rather than lagging ever further.
+RELAY_HWM = 1000
 
 
 class _KeyCheck:
