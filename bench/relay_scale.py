@@ -31,7 +31,9 @@ from pathlib import Path
 
 NODES = int(os.environ.get("GPUTOP_BENCH_NODES", "64"))
 RANKS = int(os.environ.get("GPUTOP_BENCH_RANKS", "8"))
-STEPS_PER_S = int(os.environ.get("GPUTOP_BENCH_RATE", "10"))  # per rank
+# Steps a second per rank: a large model's data-parallel step takes about a second; a
+# probe sends at most one message per 0.1 s flush, so 10 and more is 10 messages/s/rank.
+STEPS_PER_S = float(os.environ.get("GPUTOP_BENCH_RATE", "2"))
 SECONDS = float(os.environ.get("GPUTOP_BENCH_SECONDS", "15"))  # per window
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
 PUB_PROCS = int(os.environ.get("GPUTOP_BENCH_PUB_PROCS", "4"))
@@ -45,7 +47,8 @@ from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.probe.transport import Publisher
 
 root = sys.argv[1]
-first, last, ranks, rate, world = (int(a) for a in sys.argv[2:7])
+first, last, ranks, world = (int(a) for a in sys.argv[2:6])
+rate = float(sys.argv[6])
 start = time.time()
 pubs = []  # (publisher, source_id, node, rank)
 for node in range(first, last):
@@ -69,10 +72,13 @@ print("ready", flush=True)
 index = {sid: 0 for _, sid, _, _, _ in pubs}
 flush = 0
 next_at = time.time()
-per = max(1, rate // 10)
+due = 0.0  # steps owed: a probe sends a message only at a flush with steps in it
 cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(8))
 while True:
     next_at += 0.1
+    due += rate / 10
+    per = int(due)
+    due -= per
     for pub, sid, node, local, hello in pubs:
         if pub.wait(0) or flush % 20 == 0:
             pub.send(hello)
@@ -82,7 +88,8 @@ while True:
                                 period_s=1 / rate, wait_s=0.2 / rate, samples=32,
                                 device_s=0.7 / rate) for k in range(per))
         index[sid] = i + per
-        pub.send(encode(Steps(source_id=sid, records=recs, sent=flush, dropped=0)))
+        if per:
+            pub.send(encode(Steps(source_id=sid, records=recs, sent=flush, dropped=0)))
         if local == 0 and flush % 10 == 0:
             sample = SystemSample(time=now, host=f"node{node:02d}", interval_s=1.0,
                                   cpu=CpuSample(cores, None), host_sampled=True)
@@ -173,8 +180,8 @@ def spread(values: list[float], unit: str, digits: int = 1) -> str:
 def main() -> None:
     print(
         f"relay scale: {NODES} nodes x {RANKS} ranks = {NODES * RANKS} publishers "
-        f"({PUB_PROCS} processes), {STEPS_PER_S} steps/s each "
-        f"({NODES * RANKS * STEPS_PER_S:,} steps/s), {NODES} relays, one viewer; "
+        f"({PUB_PROCS} processes), {STEPS_PER_S:g} steps/s each "
+        f"({NODES * RANKS * STEPS_PER_S:,.0f} steps/s), {NODES} relays, one viewer; "
         f"{REPEATS} windows of {SECONDS:.0f} s"
     )
     root = Path(tempfile.mkdtemp(prefix="gtrs-"))
@@ -193,7 +200,7 @@ def main() -> None:
                     sys.executable,
                     str(root / "pub.py"),
                     str(root),
-                    *(str(n) for n in (first, last, RANKS, STEPS_PER_S, NODES * RANKS)),
+                    *(str(n) for n in (first, last, RANKS, NODES * RANKS, STEPS_PER_S)),
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
