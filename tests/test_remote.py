@@ -406,8 +406,15 @@ def test_real_sshd(real_sshd: tuple[Path, int], probes: list[subprocess.Popen[by
     source = RemoteSource([Target("node1"), Target("node2")], command=command, ssh=ssh)
     viewer = Viewer(source)
     try:
-        assert viewer.until(lambda: viewer.live_runs("node1") == {"real"}), viewer.state.errors
-        assert viewer.link("node1") == LIVE
+        # node2 reaches the same sshd and node directory: the run may arrive through
+        # either link first, so wait for both.
+        assert viewer.until(
+            lambda: (
+                viewer.live_runs("node1") == {"real"}
+                and viewer.link("node1") == LIVE
+                and viewer.link("node2") == LIVE
+            )
+        ), viewer.state.errors
     finally:
         source.stop()
     bad = RemoteSource([Target("node1", "nobody-here")], command=command, ssh=ssh)
