@@ -184,7 +184,8 @@ def view_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
-        epilog="commands: gputop demo | agent | snapshot | list | relay | keys  (each has --help)\n\n"
+        epilog="commands: gputop demo | agent | snapshot | list | relay | keys  (each has "
+        "--help)\n\n"
         + EXIT_CODES,
     )
     ap.add_argument(
