@@ -200,10 +200,10 @@ def test_two_nodes_every_run_and_a_node_going_away(
                 len(viewer.live_runs("node1")) == 1  # one name, two ranks
                 and len([r for r in viewer.state.runs if r.host == "node1"]) == 2
                 and viewer.live_runs("node2") == {"job"}
+                and {"node1", "node2"} <= set(viewer.state.hosts)  # both nodes' panels
             )
         ), viewer.state.runs
         assert viewer.link("node1") == LIVE and viewer.link("node2") == LIVE
-        assert {"node1", "node2"} <= set(viewer.state.hosts)  # both nodes' panels
         # node2 goes away: its ssh session drops and the host no longer answers.
         (nodes / "node2.down").touch()
         node2 = source._hosts[1].proc
