@@ -185,8 +185,7 @@ def view_parser() -> argparse.ArgumentParser:
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
         epilog="commands: gputop demo | agent | snapshot | list | relay | keys  (each has "
-        "--help)\n\n"
-        + EXIT_CODES,
+        "--help)\n\n" + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",
