@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gputop_dl.probe import discovery
+from gputop_dl.probe import discovery, jobenv
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import encode, encode_steps
@@ -174,9 +174,7 @@ class Probe:
         self._flush_interval_s = flush_interval_s
         self._system_interval_s = system_interval_s
         self._data_path = data_path or os.environ.get(ENV_DATA_PATH)
-        self._rank = _env_int("RANK")
         self._local_rank = _env_int("LOCAL_RANK")
-        self._world_size = _env_int("WORLD_SIZE")
         self._sample_host = (self._local_rank in (None, 0)) if sample_host is None else sample_host
 
         # Training-thread state. Only the training thread writes these.
@@ -413,6 +411,7 @@ class Probe:
     def hello(self, progress: tuple[int, float | None, float | None] = (0, None, None)) -> Hello:
         """``progress``: (steps published, last step's end time, median recent period)."""
         torch = sys.modules.get("torch")
+        ident = jobenv.current(self.host)  # re-read: Lightning sets its world after we start
         return Hello(
             source_id=self.source_id,
             role=self.role,
@@ -421,9 +420,9 @@ class Probe:
             pid=self.pid,
             started=self.started,
             probe_version=__version__,
-            rank=self._rank,
-            local_rank=self._local_rank,
-            world_size=self._world_size,
+            rank=ident.rank,
+            local_rank=ident.local_rank,
+            world_size=ident.world_size,
             torch_version=_torch_version(torch),
             devices=_device_names(torch) if self._timing == "cuda-events" else (),
             timing=self._timing,
@@ -440,6 +439,7 @@ class Probe:
             cpu_affinity=self._affinity,
             cpu_quota_cores=self._quota,
             device=self._device,
+            job=ident.job,
         )
 
     def _gather_facts(self) -> None:

@@ -85,6 +85,9 @@ class Hello:
     #   cores this process may run on; () unknown
     cpu_quota_cores: Num | None = None  # cgroup CPU limit in cores; None: none or unknown
     device: DeviceRef | None = None  # its own accelerator; None: none or unknown
+    # The job this rank belongs to, as its launcher says (probe/jobenv.py): every rank of
+    # one job carries the same key; None: not launched as part of a job.
+    job: Str | None = None
 
 
 class StepRecord(msgspec.Struct, frozen=True, array_like=True):

@@ -957,6 +957,16 @@ def test_tracker_debounces_cause_changes() -> None:
     assert t.update(v_("input-bound", cause="disk"), 3.0).cause == "disk"
 
 
+def test_tracker_shows_a_found_cause_at_once_but_debounces_losing_it() -> None:
+    """Issue 11: "cause unknown" (one host sample so far) is a placeholder; the cause that
+    follows it is news, not a flap, and must not wait PERSIST_S. Going back to unknown is."""
+    t = VerdictTracker()
+    t.update(v_("input-bound", cause="unknown"), 0.0)
+    assert t.update(v_("input-bound", cause="disk"), 0.5).cause == "disk"
+    assert t.update(v_("input-bound", cause="unknown"), 1.0).cause == "disk"
+    assert t.update(v_("compute-bound", "ok"), 1.5).kind == "input-bound"  # a new kind waits
+
+
 @pytest.mark.parametrize("kind", ["stalled", "warming-up"])
 def test_tracker_stalled_and_warming_up_apply_and_clear_at_once(kind: str) -> None:
     t = VerdictTracker()

@@ -849,12 +849,24 @@ def _identity(verdict: Verdict) -> tuple[str, str | None, str]:
     return (verdict.kind, verdict.cause, verdict.severity)
 
 
+def _refines(verdict: Verdict, shown: Verdict) -> bool:
+    """``verdict`` names the cause that ``shown`` could not name yet (too few host samples):
+    the same kind, no new claim taken back, so it is shown at once rather than after
+    PERSIST_S (that delay guards against flapping between two causes, not against news)."""
+    return (
+        verdict.kind == shown.kind
+        and shown.cause == "unknown"
+        and verdict.cause not in (None, "unknown")
+    )
+
+
 class VerdictTracker:
     """Hysteresis over successive verdicts of one run (clock-free: ``now`` is given).
 
     A verdict with a new kind, cause or severity replaces the shown one only after it held
     for PERSIST_S over at least PERSIST_UPDATES consecutive updates; "stalled" and
-    "warming-up" are shown, and left, at once. A verdict of the shown kind refreshes the
+    "warming-up" are shown, and left, at once, and so is a cause found where the shown
+    verdict said "unknown". A verdict of the shown kind refreshes the
     figures at once.
     """
 
@@ -882,6 +894,7 @@ class VerdictTracker:
             or _identity(verdict) == _identity(shown)
             or verdict.kind in IMMEDIATE_KINDS
             or shown.kind in IMMEDIATE_KINDS
+            or _refines(verdict, shown)
         ):
             keep_since = shown is not None and _identity(verdict) == _identity(shown)
             since = shown.since if keep_since and shown is not None else now

@@ -39,6 +39,7 @@ from gputop_dl.tui.widgets.header import HeaderBar
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
 from gputop_dl.tui.widgets.processes import ProcessTable
+from gputop_dl.tui.widgets.rankboard import RankBoard, job_line
 from gputop_dl.tui.widgets.status import StatusLine
 from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
@@ -111,6 +112,7 @@ class GputopApp(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("s", "save_screenshot", "Screenshot"),
         Binding("t", "toggle_processes", "Top procs"),
+        Binding("j", "rank_board", "Ranks", show=False),  # the banner says so for a job
         Binding("pagedown", "scroll_panels(1)", "Scroll", show=False),
         Binding("pageup", "scroll_panels(-1)", "Scroll", show=False),
         *(Binding(str(n), f"select_run({n})", f"Run {n}", show=False) for n in range(1, 10)),
@@ -285,7 +287,12 @@ class GputopApp(App[None]):
         system = state.host_system()
         self.header.show(run, state.runs, state.selected_index, host)
         self.status.show(state.errors, state.error_count, run, now, state.link_summary())
-        self.banner.show(run, host, now, state.agent_only_hosts())
+        job = state.job_of()
+        shown_job = job if job is not None and len(job.ranks) > 1 else None
+        job_text = f"{job_line(shown_job)}   (j: rank board)" if shown_job is not None else None
+        self.banner.show(run, host, now, job_text, agent_only=state.agent_only_hosts())
+        if isinstance(self.screen, RankBoard):
+            self.screen.show(job)
         self.graph.show(run, state.throughput())
         self.accelerators.show(system)
         self.cpu.show(
@@ -381,6 +388,15 @@ class GputopApp(App[None]):
         self.call_after_refresh(self._fit_panels)
         if self.top_table.display:
             self.call_after_refresh(self.panels.scroll_to_widget, self.top_table, top=True)
+
+    def action_rank_board(self) -> None:
+        """Show the ranks of the selected run's job (``j`` again or escape: back)."""
+        if isinstance(self.screen, RankBoard):
+            self.pop_screen()
+            return
+        board = RankBoard()
+        self.push_screen(board)
+        board.show(self.state.job_of())
 
     def action_scroll_panels(self, pages: int) -> None:
         if pages > 0:

@@ -16,6 +16,7 @@ from gputop_dl.tui.events import Source, SourceEvent
 from gputop_dl.tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
 from gputop_dl.tui.source import ZmqSource
 from gputop_dl.tui.state import ViewerState
+from gputop_dl.tui.state.jobs import JobSummary
 
 
 class Collector:
@@ -80,6 +81,8 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
         )
     host = state.display_host()
     system = state.host_system(host) if host else None
+    jobs = [job_json(job) for job in state.jobs]
+    selected = state.job_of()
     return {
         "host": host,
         "runs": runs,
@@ -94,7 +97,35 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
         },
         "system": dataclasses.asdict(system) if system is not None else None,
         "errors": [e.text for e in state.errors],
+        # The selected run's job (else the largest one), and every job.
+        "job": job_json(selected) if selected is not None else _largest(jobs),
+        "jobs": jobs,
     }
+
+
+def job_json(job: JobSummary) -> dict[str, Any]:
+    verdict = job.verdict
+    return {
+        "id": job.job_id,
+        "name": job.name,
+        "world_size": job.world_size,
+        "hosts": list(job.hosts),
+        "verdict": dataclasses.asdict(verdict) if verdict is not None else None,
+        "straggler": (
+            {
+                "rank": verdict.straggler_rank,
+                "host": verdict.straggler_host,
+                "run": verdict.straggler,
+            }
+            if verdict is not None and verdict.straggler is not None
+            else None
+        ),
+        "ranks": [dataclasses.asdict(row) for row in job.ranks],
+    }
+
+
+def _largest(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(jobs, key=lambda job: len(job["ranks"]), default=None)
 
 
 def render_text(snap: dict[str, Any]) -> str:
@@ -126,6 +157,15 @@ def render_text(snap: dict[str, Any]) -> str:
             lines.extend(f"    advice:   {a}" for a in verdict["advice"])
             if verdict.get("headroom"):
                 lines.append(f"    headroom: {verdict['headroom']}")
+    for job in snap.get("jobs", ()):
+        verdict = job["verdict"]
+        said = f"{verdict['kind']}: {verdict['headline']}" if verdict else "not judged yet"
+        world = job["world_size"] if job["world_size"] is not None else "?"
+        hosts = len(job["hosts"])
+        lines.append(
+            f"job {job['id']} ({len(job['ranks'])} of {world} ranks on "
+            f"{hosts} host{'s' if hosts != 1 else ''}) {said}"
+        )
     for system in [snap["system"], *snap.get("systems", {}).values()]:
         if system:
             lines.extend(_system_lines(system))

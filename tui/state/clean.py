@@ -140,7 +140,7 @@ def clean_hello(hello: Hello, received: float) -> Hello | None:
     ):
         return None
     changes: dict[str, Any] = {}
-    for name in ("name", "host", "timing", "timing_note", "loop_exit", "framework"):
+    for name in ("name", "host", "timing", "timing_note", "loop_exit", "framework", "job"):
         value = getattr(hello, name)
         if value is not None and clean_text(value) != value:
             changes[name] = clean_text(value)

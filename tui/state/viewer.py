@@ -36,6 +36,7 @@ from gputop_dl.tui.state.clean import (
     evolve,
 )
 from gputop_dl.tui.state.hosts import LINK_CONNECTING, LINK_LIVE, Hosts, Link, Links, link_summary
+from gputop_dl.tui.state.jobs import Jobs, JobSummary
 from gputop_dl.tui.state.model import (
     CONNECTING,
     ENDED,
@@ -66,7 +67,7 @@ GONE_QUIET_S = 1.0  # a local run whose pid is gone, silent this long, has exite
 PID_CHECK_EVERY_S = 1.0
 REMOVE_AFTER_S = 60.0  # an ended run fades, then leaves the switcher for the recent list
 RECENT_RUNS = 20
-MAX_SOURCES = 1024  # publishers tracked at once (a 512-rank job through relays)
+MAX_SOURCES = 1024  # publishers tracked at once (a 512-rank job, its agents and others)
 EVICT_SILENT_S = 10.0  # ... a new one replaces the one silent longest, if this silent
 MAX_ENDPOINTS = 256
 MAX_TOTAL_STEP_RECORDS = 200_000  # shared by all runs (~50 MB); each keeps at least:
@@ -135,6 +136,8 @@ class ViewerState:
         self._now: float | None = None
         self._roster = 0  # bumped when the list of runs or how one is named changes
         self._evictable_at = 0.0  # no source can be evicted before this viewer time
+        self._jobs = Jobs()  # ranks of one job grouped, the job verdict (tui/state/jobs.py)
+        self._jobs_roster = -1  # the roster the jobs were grouped from: regroup when it moves
 
     # ------------------------------------------------------------------ input
 
@@ -347,6 +350,10 @@ class ViewerState:
         runs.sort(key=lambda item: item[0].slot or 0)
         names = labels([_who(run) for run, _ in runs])
         self._judge(runs, now)
+        regroup, self._jobs_roster = self._roster != self._jobs_roster, self._roster
+        self._jobs.update(
+            runs, self._hosts, now, lambda run: self._refresh_verdict(run, now), force=regroup
+        )
         summaries = []
         for source, connection in runs:
             source.pending = self._pending_points(source, connection, now)
@@ -375,6 +382,13 @@ class ViewerState:
             key=lambda s: s.analyzed_at or 0.0,
         )
         for source in first_time + others[:OTHERS_PER_TICK]:
+            source.verdict = self._analyze(source, now)
+            source.analyzed_at = now
+
+    def _refresh_verdict(self, source: Run, now: float) -> None:
+        """Bring a run's own verdict up to date (a rank the job verdict may name)."""
+        last = source.analyzed_at
+        if last is None or not 0 <= now - last < ANALYZE_EVERY_S:
             source.verdict = self._analyze(source, now)
             source.analyzed_at = now
 
@@ -710,6 +724,17 @@ class ViewerState:
     def source_count(self) -> int:
         """Publishers tracked now (runs, agents, refused peers)."""
         return len(self._sources)
+
+    @property
+    def jobs(self) -> tuple[JobSummary, ...]:
+        """Jobs among the runs (ranks grouped by ``Hello.job``), as of the last tick."""
+        return self._jobs.summaries
+
+    def job_of(self, key: str | None = None) -> JobSummary | None:
+        """The job the run ``key`` (default: the selected run) is a rank of."""
+        if key is None:
+            key = self.selected.key if self.selected is not None else None
+        return None if key is None else self._jobs.of_run(key)
 
     def throughput(self, key: str | None = None) -> tuple[ThroughputPoint, ...]:
         """The run's throughput points, oldest first, including a stall in progress."""

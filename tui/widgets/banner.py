@@ -37,6 +37,7 @@ class Banner(Panel):
         "banner--headroom",
         "banner--code",
         "banner--note",
+        "banner--job",
     }
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -47,15 +48,17 @@ class Banner(Panel):
         self.agent_only: tuple[str, ...] = ()  # nodes an agent reports on, with no run
         self.severity = "info"
         self._set_severity("info")
+        self.job_text: str | None = None  # the selected run's job verdict (a job of > 1 rank)
 
     def show(
         self,
         run: RunSummary | None,
         host: str | None,
         now: float,
+        job_text: str | None = None,
         agent_only: Sequence[str] = (),
     ) -> None:
-        self.run, self.host, self.now = run, host, now
+        self.run, self.host, self.now, self.job_text = run, host, now, job_text
         self.agent_only = tuple(agent_only)
         self._set_severity(self._severity())
         self.changed()
@@ -91,6 +94,13 @@ class Banner(Panel):
     # ---------------------------------------------------------------- rendering
 
     def build(self, width: int) -> list[Text]:
+        lines = self._build(width)
+        if self.job_text:  # under the run's headline: the job it is a rank of
+            job = self._item("◆", self.job_text, "banner--job")
+            lines[1:1] = wrap(job, width, max_lines=2, indent=4)
+        return lines
+
+    def _build(self, width: int) -> list[Text]:
         run = self.run
         if run is None and self.agent_only:
             nodes = self.agent_only

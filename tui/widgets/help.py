@@ -35,6 +35,12 @@ HELP_TEXT = f"""\
   container limits.
 - **Disk**: read/write and busy % per device; `◆` marks the device holding the data.
 - **Network**: receive/transmit per interface.
+- **Rank board** (`j`): the ranks of the selected run's job (runs whose probes report
+  the same `torchrun` run id, Slurm job or rendezvous address), one row each: host, rank
+  (local rank), step time, samples/s, data wait, *own time* (the share of each step spent
+  outside the collective: data wait and named phases), its device's utilisation and
+  memory, its verdict. `o` cycles the sort column, `r` reverses it; the straggler's row is
+  highlighted. The job verdict heads it, and shows under the banner's headline (`◆ job`).
 - **Top processes** (`t`): the node's busiest processes by CPU over the last interval,
   then the largest in memory; `◆ main` and `◆ worker` are the selected run's own,
   `◆ training` another run's (another rank on the node).
@@ -51,6 +57,10 @@ the line under them names what is below the fold.
 - **compute-bound**: the accelerator is the limit: the healthy state.
 - **stalled**: no step has finished for a long time (hang, deadlock, slow I/O).
 - **warming up**: too few steps to tell yet.
+- **job: straggler**: one rank (or one node's ranks) spends more of each step outside
+  the collective than the others, who wait for it: named, with how much faster the job
+  would step without it and its own cause. **job: alike**: no rank stands out; the
+  ranks' common verdict.
 
 ## Instrumenting a script
 
@@ -59,7 +69,8 @@ the line under them names what is below the fold.
 ## Keys
 
 `q` quit · `p` pause the display (data keeps arriving) · `tab`/`shift+tab`, `1`-`9`
-switch run · `t` show/hide the top processes · `PgDn`/`PgUp`, `↓`/`↑` scroll the panels ·
+switch run · `t` show/hide the top processes · `j` rank board of the job (`o` sort
+column, `r` reverse, `j`/`escape` back) · `PgDn`/`PgUp`, `↓`/`↑` scroll the panels ·
 `s` save an SVG screenshot · `?` or `escape` close this help
 """
 
