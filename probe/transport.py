@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import struct
 import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -38,14 +42,15 @@ _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 ADMIT_PER_SEND = 4  # handshakes answered per send at most (wait() answers more)
 
 PRIVATE, LOOPBACK, EXPOSED = "private", "loopback", "exposed"
-NO_AUTH = "authenticated TCP is not available yet"
+NO_AUTH = "unauthenticated; run gputop keys to require CURVE keys instead"
 LOOPBACK_WARNING = (
     "listening on {endpoint}: every user of this host can connect and read the stream "
     "({no_auth}); the default ipc socket is private to you (directory mode 0700)"
 )
 REFUSED = (
-    "listening on {endpoint} refused: the stream would be readable by anyone who can "
-    "reach this host; bind 127.0.0.1 and tunnel with ssh -L, or {opt_in} ({no_auth})"
+    "listening on {endpoint} refused: without keys the stream would be readable by anyone "
+    "who can reach this host; run gputop keys (then only holders of an authorized key "
+    "connect), bind 127.0.0.1 and tunnel with ssh -L, or {opt_in} ({no_auth})"
 )
 INSECURE_WARNING = (
     "listening on {endpoint} as asked ({opt_in}): anyone who can reach this host "
@@ -82,12 +87,20 @@ def exposure(endpoint: str) -> str:
     return LOOPBACK if address.is_loopback else EXPOSED
 
 
-def listen_policy(endpoint: str, *, insecure: bool, opt_in: str) -> tuple[str | None, str | None]:
+def listen_policy(
+    endpoint: str, *, insecure: bool, opt_in: str, keys: bool | None = None
+) -> tuple[str | None, str | None]:
     """(refusal, warning) for binding ``endpoint``: a refusal when the network could
     read it and the user did not opt in; else a warning for anything less than private.
-    ``opt_in`` names the switch in the user's terms ("set GPUTOP_INSECURE=1")."""
+    ``opt_in`` names the switch in the user's terms ("set GPUTOP_INSECURE=1").
+
+    With CURVE keys (``keys``; None: whether :func:`load_keys` finds some) a network
+    endpoint is neither refused nor warned about: :class:`Publisher` then admits only
+    clients holding an authorized key."""
     kind = exposure(endpoint)
     words = {"endpoint": endpoint, "opt_in": opt_in, "no_auth": NO_AUTH}
+    if kind == EXPOSED and (load_keys() is not None if keys is None else keys):
+        return None, None
     if kind == EXPOSED:
         if not insecure:
             return REFUSED.format(**words), None
@@ -110,8 +123,16 @@ class Publisher:
     tells which connections are open. ``refused`` counts the peers turned away.
     """
 
-    def __init__(self, endpoint: str, max_peers: int = MAX_PEERS) -> None:
+    def __init__(
+        self, endpoint: str, max_peers: int = MAX_PEERS, keys: CurveKeys | None = None
+    ) -> None:
         self.endpoint = endpoint
+        # A network endpoint is CURVE-encrypted whenever the user has keys: only clients
+        # whose public key is authorized get through the ZAP handler below.
+        if keys is None and exposure(endpoint) == EXPOSED:
+            keys = load_keys()
+        self.keys = keys
+        self.denied = 0  # peers turned away for their key
         # A private context: the training process may use zmq itself, and we must be able
         # to tear ours down without touching theirs.
         self._ctx = zmq.Context(io_threads=1)
@@ -130,6 +151,10 @@ class Publisher:
         self.refused = 0
         self._open: set[int] = set()  # fds of the connections open now
         self._sock.setsockopt(zmq.ZAP_DOMAIN, b"gputop")
+        if keys is not None:
+            curve_server(self._sock, keys)
+            # The CURVE handshake (INITIATE: ~300 bytes) counts against the limit too.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSGSIZE)
         self._zap = self._ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
@@ -204,6 +229,9 @@ class Publisher:
             ok = self.peers <= self.max_peers
             if not ok:
                 self.refused += 1
+            elif self.keys is not None and not key_allowed(request, self.keys):
+                ok = False
+                self.denied += 1
             request_id = request[1] if len(request) > 1 else b""
             reply = [b"1.0", request_id, b"200" if ok else b"400", b"", b"", b""]
             with contextlib.suppress(zmq.ZMQError):
@@ -250,7 +278,9 @@ class Publisher:
 class Subscriber:
     """A SUB socket connected to any number of endpoints (used by the viewer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: CurveKeys | None = None) -> None:
+        # Keys for network endpoints (CURVE); loaded on the first such connect if None.
+        self._keys = keys
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
@@ -269,7 +299,7 @@ class Subscriber:
 
     def connect(self, endpoint: str) -> None:
         try:
-            self._sock.connect(endpoint)
+            self._keys = connect_maybe_curve(self._sock, endpoint, self._keys)
         except zmq.ZMQError as exc:
             raise TransportError(f"cannot connect to {endpoint}: {exc.strerror}") from None
         self.endpoints.add(endpoint)
@@ -313,7 +343,7 @@ class Subscriber:
                 self._revived[endpoint] = now
                 with contextlib.suppress(zmq.ZMQError):
                     self._sock.disconnect(endpoint)
-                    self._sock.connect(endpoint)
+                    connect_maybe_curve(self._sock, endpoint, self._keys)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -322,5 +352,296 @@ class Subscriber:
             self._monitor.close(linger=0)
         with contextlib.suppress(Exception):
             self._sock.close(linger=0)
+        with contextlib.suppress(Exception):
+            self._ctx.term()
+
+
+# ------------------------------------------------------------------ CURVE keys
+# docs/protocol.md, "Authenticated TCP": one key pair per user (like an ssh key),
+# copied to the nodes or shared through the home directory. A server (probe, agent,
+# relay on a network address) admits the clients whose public key is in its
+# authorized_keys file; a client expects the server to hold the same user's key unless
+# $GPUTOP_SERVER_KEY names another one.
+ENV_SERVER_KEY = "GPUTOP_SERVER_KEY"
+KEY_FILE = "gputop.key_secret"  # the key pair (zmq.auth certificate format), mode 0600
+AUTHORIZED_FILE = "authorized_keys"  # one Z85 public key per line, "# comments"
+MAX_KEY_FILE_BYTES = 64 * 1024
+CURVE_MAXMSGSIZE = 1024  # a subscriber's largest frame under CURVE: its handshake
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A user's CURVE key pair and whom it lets in (all keys Z85-encoded, 40 bytes)."""
+
+    public: bytes
+    secret: bytes
+    authorized: frozenset[bytes]
+    server: bytes  # the public key a client expects its server to prove
+
+
+def keys_dir() -> Path:
+    """Where ``gputop keys`` writes: $XDG_CONFIG_HOME/gputop, else ~/.config/gputop."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gputop"
+
+
+def new_keypair() -> tuple[bytes, bytes]:
+    """A fresh (public, secret) CURVE key pair, Z85-encoded."""
+    public, secret = zmq.curve_keypair()
+    return public, secret
+
+
+def is_key(text: bytes) -> bool:
+    """A well-formed Z85 CURVE key (40 characters decoding to 32 bytes)."""
+    from zmq.utils import z85
+
+    if len(text) != 40:
+        return False
+    try:
+        return len(z85.decode(text)) == 32
+    except Exception:
+        return False
+
+
+def parse_authorized(text: str) -> frozenset[bytes]:
+    """The keys of an authorized_keys file: the first word of each line that is a key
+    (comments and anything malformed are skipped). Z85 has "#" in its alphabet, so a
+    comment is not cut at a "#" but told from a key by its length and decoding."""
+    keys = set()
+    for line in text.splitlines():
+        words = line.split()
+        if words and is_key(words[0].encode()):
+            keys.add(words[0].encode())
+    return frozenset(keys)
+
+
+def load_keys(directory: Path | None = None) -> CurveKeys | None:
+    """The user's keys, or None when there are none (or they cannot be read: a server
+    then refuses the network as it does without keys, never listens unauthenticated)."""
+    import zmq.auth
+
+    directory = keys_dir() if directory is None else directory
+    path = directory / KEY_FILE
+    try:
+        if path.stat().st_size > MAX_KEY_FILE_BYTES:
+            return None
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError):
+        return None
+    try:
+        authorized_text = (directory / AUTHORIZED_FILE).read_text(errors="replace")
+    except OSError:
+        authorized_text = ""  # nobody admitted yet: every client is refused
+    if secret is None or not is_key(public) or not is_key(secret):
+        return None
+    server = os.environ.get(ENV_SERVER_KEY, "").strip().encode() or public
+    if not is_key(server):
+        server = public
+    return CurveKeys(public, secret, parse_authorized(authorized_text[:MAX_KEY_FILE_BYTES]), server)
+
+
+def write_keypair(directory: Path) -> Path:
+    """Write a new key pair as a zmq.auth certificate in ``directory`` (which the
+    caller made 0700); the file is created 0600. Returns its path."""
+    import zmq.auth
+
+    old = os.umask(0o077)
+    try:
+        _public_file, secret_file = zmq.auth.create_certificates(str(directory), "gputop")
+    finally:
+        os.umask(old)
+    os.chmod(secret_file, 0o600)
+    with contextlib.suppress(OSError):
+        os.chmod(directory / "gputop.key", 0o600)
+    return Path(secret_file)
+
+
+def curve_server(sock: zmq.Socket[bytes], keys: CurveKeys) -> None:
+    """Make ``sock`` (before bind) a CURVE server with the user's key."""
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+
+
+def key_allowed(request: list[bytes], keys: CurveKeys) -> bool:
+    """A ZAP request (version, id, domain, address, identity, mechanism, credentials)
+    from a CURVE client whose public key is authorized."""
+    from zmq.utils import z85
+
+    if len(request) < 7 or request[5] != b"CURVE" or len(request[6]) != 32:
+        return False
+    return z85.encode(request[6]) in keys.authorized
+
+
+def connect_maybe_curve(
+    sock: zmq.Socket[bytes], endpoint: str, keys: CurveKeys | None
+) -> CurveKeys | None:
+    """Connect ``sock``; to a network endpoint as a CURVE client when the user has keys.
+    libzmq takes the security options at connect time, per connection, so the socket is
+    set back to NULL security after: its other endpoints (ipc, loopback) stay plain.
+    Returns the keys (loaded here on first need) for the next call."""
+    if exposure(endpoint) != EXPOSED:
+        sock.connect(endpoint)
+        return keys
+    keys = load_keys() if keys is None else keys
+    if keys is None:
+        sock.connect(endpoint)
+        return None
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    try:
+        sock.connect(endpoint)
+    finally:
+        sock.setsockopt(zmq.CURVE_SERVER, 0)  # mechanism back to NULL
+    return keys
+
+
+# ----------------------------------------------------------------------- relay
+# Messages queued per viewer before the relay drops (~10 s of a node's messages): a
+# viewer that falls behind loses messages rather than lagging ever further.
+RELAY_HWM = 1000
+
+
+class _KeyCheck:
+    """ZAP callback for the relay (pyzmq's authenticator asks it per client key)."""
+
+    def __init__(self, keys: CurveKeys) -> None:
+        self.keys = keys
+
+    def callback(self, _domain: str, key: bytes) -> bool:
+        return key in self.keys.authorized
+
+
+class Forwarder:
+    """Many publishers republished on one endpoint, by ZeroMQ's own proxy.
+
+    An XSUB socket connects to the upstream publishers, an XPUB socket is bound for the
+    viewers and ``zmq.proxy_steerable`` moves messages down and subscriptions up on a
+    thread of its own. The XPUB is verbose, so each new viewer's subscription reaches
+    every probe, which then replays its history to it (through the relay); XSUB also
+    sends its subscriptions to each new upstream, which so replays on connect.
+
+    Upstream sockets are the proxy thread's alone: :meth:`set_upstreams` queues the
+    changes and stops the proxy (TERMINATE on the control socket); the thread applies
+    them and starts it again. Queued messages stay in the sockets meanwhile.
+
+    ``listen`` None: bind a private inproc endpoint and read it with :meth:`receive`
+    (``gputop relay --stdio``).
+    """
+
+    def __init__(self, listen: str | None = None, *, keys: CurveKeys | None = None) -> None:
+        self._ctx = zmq.Context(io_threads=1)
+        self._front = self._ctx.socket(zmq.XSUB)
+        self._front.setsockopt(zmq.RCVHWM, RECV_HWM)
+        self._front.setsockopt(zmq.LINGER, 0)
+        self._front.setsockopt(zmq.MAXMSGSIZE, 8 * 1024 * 1024)
+        self._back = self._ctx.socket(zmq.XPUB)
+        self._back.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._back.setsockopt(zmq.SNDHWM, RELAY_HWM)
+        self._back.setsockopt(zmq.LINGER, 0)
+        self._back.setsockopt(zmq.MAXMSGSIZE, 256)  # downstream sends subscriptions only
+        self._auth: object | None = None
+        self.keys = keys
+        endpoint = listen or f"inproc://gputop-relay-{id(self)}"
+        if listen is not None and exposure(listen) == EXPOSED:
+            self.keys = keys if keys is not None else load_keys()
+            if self.keys is not None:
+                from zmq.auth.thread import ThreadAuthenticator
+
+                auth = ThreadAuthenticator(self._ctx)
+                auth.start()
+                auth.configure_curve_callback("*", _KeyCheck(self.keys))
+                self._auth = auth
+                curve_server(self._back, self.keys)
+                self._back.setsockopt(zmq.MAXMSGSIZE, CURVE_MAXMSGSIZE)
+        ctl = f"inproc://gputop-relay-ctl-{id(self)}"
+        self._ctl_rx = self._ctx.socket(zmq.PAIR)
+        self._ctl_rx.bind(ctl)
+        self._ctl_tx = self._ctx.socket(zmq.PAIR)
+        self._ctl_tx.setsockopt(zmq.LINGER, 0)
+        self._ctl_tx.connect(ctl)
+        self._tap: zmq.Socket[bytes] | None = None
+        try:
+            self._back.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from None
+        last = self._back.getsockopt(zmq.LAST_ENDPOINT)
+        self.endpoint = last.decode() if isinstance(last, bytes) and last else endpoint
+        if listen is None:
+            self._tap = self._ctx.socket(zmq.SUB)
+            self._tap.setsockopt(zmq.RCVHWM, RECV_HWM)
+            self._tap.setsockopt(zmq.LINGER, 0)
+            self._tap.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+            self._tap.connect(self.endpoint)
+        self.upstreams: set[str] = set()
+        self._ops: list[tuple[bool, str]] = []  # (connect?, endpoint) for the proxy thread
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="gputop-relay", daemon=True)
+        self._thread.start()
+
+    def set_upstreams(self, endpoints: Iterable[str]) -> tuple[set[str], set[str]]:
+        """Listen to exactly ``endpoints`` from now on; returns (added, removed)."""
+        wanted = set(endpoints)
+        added, removed = wanted - self.upstreams, self.upstreams - wanted
+        if not added and not removed:
+            return added, removed
+        with self._lock:
+            self._ops.extend((False, e) for e in sorted(removed))
+            self._ops.extend((True, e) for e in sorted(added))
+            self.upstreams = wanted
+            with contextlib.suppress(zmq.ZMQError):
+                self._ctl_tx.send(b"TERMINATE")
+        return added, removed
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                ops, self._ops = self._ops, []
+                closing = self._closing
+            for connect, endpoint in ops:
+                with contextlib.suppress(zmq.ZMQError):
+                    if connect:
+                        self.keys = connect_maybe_curve(self._front, endpoint, self.keys)
+                    else:
+                        self._front.disconnect(endpoint)
+            if closing:
+                return
+            try:
+                zmq.proxy_steerable(self._front, self._back, None, self._ctl_rx)
+            except zmq.ZMQError:
+                return
+
+    def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
+        """Messages forwarded (``listen`` None only): all ready within ``timeout_s``."""
+        out: list[list[bytes]] = []
+        tap = self._tap
+        if tap is None or not tap.poll(int(timeout_s * 1000), zmq.POLLIN):
+            return out
+        while len(out) < max_messages:
+            try:
+                out.append(tap.recv_multipart(flags=zmq.NOBLOCK, copy=True))
+            except zmq.Again:
+                break
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            with contextlib.suppress(zmq.ZMQError):
+                self._ctl_tx.send(b"TERMINATE")
+        self._thread.join(timeout=2.0)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        if self._auth is not None:
+            with contextlib.suppress(Exception):
+                self._auth.stop()  # type: ignore[attr-defined]
+        for sock in (self._front, self._back, self._ctl_rx, self._ctl_tx, self._tap):
+            if sock is not None:
+                with contextlib.suppress(Exception):
+                    sock.close(linger=0)
         with contextlib.suppress(Exception):
             self._ctx.term()

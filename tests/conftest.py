@@ -14,6 +14,9 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="gt-"))
     path.chmod(0o700)
     monkeypatch.setenv("GPUTOP_RUNTIME_DIR", str(path))
+    # No test reads the user's own CURVE keys (gputop keys): an empty config dir.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(path / "config"))
+    monkeypatch.delenv("GPUTOP_SERVER_KEY", raising=False)
     for name in (
         "GPUTOP_LISTEN",
         "GPUTOP_NAME",

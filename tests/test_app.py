@@ -259,7 +259,7 @@ async def test_no_probe_is_a_top_with_the_instrument_hint() -> None:
         await feed(pilot, source, agent_only(NOW))
         assert "○ no training run" in text(app.query_one(HeaderBar))
         banner = text(app.query_one(Banner))
-        assert "No training run attached: showing gpu-node-07." in banner
+        assert "node gpu-node-07: no training run (agent only)." in banner  # issue 9
         assert "from gputop_dl import probe; for batch in probe.watch(loader): ..." in banner
         assert str(app.query_one(CpuPanel).border_title).startswith(f"CPU {TIMES}64")
         assert "DataLoader" not in text(app.query_one(CpuPanel))

@@ -86,7 +86,7 @@ def test_listen_policy(endpoint: str, insecure: bool, refused: bool, warned: str
     assert (refusal is not None) == refused
     if refusal is not None:
         assert "refused" in refusal and "ssh -L" in refusal and "--opt" in refusal
-        assert "authenticated TCP is not available yet" in refusal
+        assert "gputop keys" in refusal
     if warned is None:
         assert warning is None
     else:

@@ -291,11 +291,11 @@ class GputopApp(App[None]):
         host = state.display_host()
         system = state.host_system()
         self.header.show(run, state.runs, state.selected_index, host)
-        self.status.show(state.errors, state.error_count, run, now)
+        self.status.show(state.errors, state.error_count, run, now, state.link_summary())
         job = state.job_of()
         shown_job = job if job is not None and len(job.ranks) > 1 else None
         job_text = f"{job_line(shown_job)}   (j: rank board)" if shown_job is not None else None
-        self.banner.show(run, host, now, job_text)
+        self.banner.show(run, host, now, job_text, agent_only=state.agent_only_hosts())
         if isinstance(self.screen, RankBoard):
             self.screen.show(job)
         self.graph.show(run, state.throughput())

@@ -34,7 +34,7 @@ from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
 from gputop_dl.tui.record import commands as recording
 
-COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export")
+COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export", "relay", "keys")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
 INSTRUMENT_HINT = (
     "instrument a training script with: "
@@ -42,7 +42,8 @@ INSTRUMENT_HINT = (
 )
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
 EXIT_CODES = """exit status:
-  0      a run was found (snapshot), or the viewer was quit
+  0      a run was found (snapshot; or a node an agent reports on), or the
+         viewer was quit
   1      no run reachable: nothing listens on the endpoint, no such socket,
          no run found (snapshot, list), the agent could not bind
   2      usage error: bad arguments, no terminal for the viewer, viewer not installed,
@@ -82,11 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "agent": cmd_agent,
                 "snapshot": cmd_snapshot,
                 "list": cmd_list,
-                "exporter": lambda a: importlib.import_module(
-                    "gputop_dl.tui.exporter"
-                ).cmd_exporter(a),
+                "exporter": _lazy("gputop_dl.tui.exporter", "cmd_exporter"),
                 "record": recording.cmd_record,
                 "export": recording.cmd_export,
+                "relay": _lazy("gputop_dl.tui.relay", "cmd_relay"),
+                "keys": _lazy("gputop_dl.tui.keys", "cmd_keys"),
             }
             return handler[command](rest)
         return cmd_view(args)
@@ -99,6 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+
+
+def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
+    """A command defined in its own module, imported only when it runs."""
+
+    def run(argv: list[str]) -> int:
+        handler: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+        return handler(argv)
+
+    return run
 
 
 # ------------------------------------------------------------- argument types
@@ -177,16 +188,18 @@ def view_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
-        epilog="commands: gputop demo | agent | snapshot | list | record | export  (each has "
-        "--help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES,
+        epilog="commands: gputop demo | agent | snapshot | list | record | export | exporter | "
+        "relay | keys  (each has --help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES,
     )
     ap.add_argument(
         "endpoints",
         nargs="*",
-        type=endpoint_arg,
+        type=_target_arg,
         metavar="ENDPOINT",
-        help="probe or agent to attach to: ipc://PATH or tcp://HOST:PORT",
+        help="probe, agent or relay to attach to: ipc://PATH, tcp://HOST:PORT, or a node "
+        "over ssh: ssh://[USER@]HOST[:PORT]",
     )
+    _remote_arguments(ap)
     ap.add_argument(
         "--refresh",
         type=in_range(*REFRESH_HZ),
@@ -208,20 +221,56 @@ def cmd_view(argv: list[str]) -> int:
     if (problem := viewer_unavailable()) is not None:
         _error("gputop", problem)
         return EXIT_USAGE
-    targets = args.endpoints
+    remote, targets = _split_remote("gputop", args)
+    if remote is None:
+        return EXIT_USAGE
     if targets:
         # Refused at start: ZeroMQ would wait on these for ever, silently.
         targets = reachable("gputop", targets)
-        if not targets:
+        if not targets and not remote:
             return EXIT_NO_RUN
     from gputop_dl.tui.source import ZmqSource
 
-    source = ZmqSource(
+    source: Any = ZmqSource(
         targets,
         discover=not targets,
         local_sampler=not args.no_local and not _only_remote(targets),
     )
+    if remote:
+        source = _with_remote(source if targets else None, targets, remote, args)
     return run_app(source, args.refresh)
+
+
+def _target_arg(text: str) -> str:
+    from gputop_dl.tui.remote import target_arg
+
+    return target_arg(text)
+
+
+def _remote_arguments(ap: argparse.ArgumentParser) -> None:
+    from gputop_dl.tui.remote import add_arguments
+
+    add_arguments(ap)
+
+
+def _split_remote(command: str, args: argparse.Namespace) -> tuple[list[Any] | None, list[str]]:
+    """(ssh targets, ZeroMQ endpoints) of the command line; None targets: a usage error
+    (already reported)."""
+    from gputop_dl.tui.hostlist import HostlistError
+    from gputop_dl.tui.remote import remote_targets
+
+    endpoints = [t for t in args.endpoints if not t.startswith("ssh://")]
+    try:
+        return remote_targets(args.endpoints, args.hosts), endpoints
+    except (ValueError, HostlistError) as exc:
+        _error(command, str(exc))
+        return None, endpoints
+
+
+def _with_remote(local: Any, targets: list[str], remote: list[Any], args: Any) -> Any:
+    from gputop_dl.tui.remote import build_source
+
+    return build_source(targets, remote, args.remote_command, local)
 
 
 def viewer_unavailable(hint: str = NO_TTY_HINT) -> str | None:
@@ -437,13 +486,13 @@ def cmd_agent(argv: list[str]) -> int:
         type=listen_arg,
         help="where to listen (default: private ipc socket; e.g. tcp://127.0.0.1:5555, "
         "tcp://127.0.0.1:* for any free port). Loopback TCP is readable by every user of "
-        "this host; a wildcard or network address is refused without --insecure",
+        "this host; a wildcard or network address needs keys (gputop keys) or --insecure",
     )
     ap.add_argument(
         "--insecure",
         action="store_true",
         help="allow --listen on a wildcard or network address: anyone who can reach it "
-        "reads the samples (authenticated TCP is not available yet; prefer ssh -L)",
+        "reads the samples (without keys from gputop keys; prefer those, or ssh -L)",
     )
     ap.add_argument(
         "--interval",
@@ -516,10 +565,12 @@ def cmd_snapshot(argv: list[str]) -> int:
     ap.add_argument(
         "endpoints",
         nargs="*",
-        type=endpoint_arg,
+        type=_target_arg,
         metavar="ENDPOINT",
-        help="probe or agent to read: ipc://PATH or tcp://HOST:PORT",
+        help="probe, agent or relay to read: ipc://PATH, tcp://HOST:PORT, or "
+        "ssh://[USER@]HOST[:PORT]",
     )
+    _remote_arguments(ap)
     ap.add_argument(
         "--wait",
         type=in_range(*WAIT_S),
@@ -529,14 +580,22 @@ def cmd_snapshot(argv: list[str]) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     args = ap.parse_args(argv)
-    targets = args.endpoints
+    remote, targets = _split_remote("gputop snapshot", args)
+    if remote is None:
+        return EXIT_USAGE
     if targets:
         targets = reachable("gputop snapshot", targets)
-        if not targets:
+        if not targets and not remote:
             return EXIT_NO_RUN
     from gputop_dl.tui.snapshot import Collector, render_text
 
-    collector = Collector(targets, local_sampler=not _only_remote(targets))
+    source = None
+    if remote:
+        from gputop_dl.tui.source import ZmqSource
+
+        local = ZmqSource(targets, discover=False, local_sampler=False) if targets else None
+        source = _with_remote(local, targets, remote, args)
+    collector = Collector(targets, local_sampler=not _only_remote(targets), source=source)
     collector.start()
     try:
         time.sleep(args.wait)
@@ -548,7 +607,8 @@ def cmd_snapshot(argv: list[str]) -> int:
     print(json.dumps(snap, indent=2) if args.json else render_text(snap), flush=True)
     if not snap["runs"] and not targets and (refused := runtime_dir_refused()) is not None:
         _error("gputop snapshot", refused)
-    return EXIT_OK if snap["runs"] else EXIT_NO_RUN
+    # An agent's node with no run is found too: its figures are what was asked for.
+    return EXIT_OK if snap["runs"] or snap["agent_only"] else EXIT_NO_RUN
 
 
 # -------------------------------------------------------------------------- list

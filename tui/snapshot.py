@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from gputop_dl.tui.events import SourceEvent
+from gputop_dl.tui.events import Source, SourceEvent
 from gputop_dl.tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
 from gputop_dl.tui.source import ZmqSource
 from gputop_dl.tui.state import ViewerState
@@ -22,8 +22,12 @@ from gputop_dl.tui.state.jobs import JobSummary
 class Collector:
     """Runs a ZmqSource and keeps its events until :meth:`snapshot` applies them."""
 
-    def __init__(self, endpoints: list[str], *, local_sampler: bool = True) -> None:
-        self.source = ZmqSource(endpoints, discover=not endpoints, local_sampler=local_sampler)
+    def __init__(
+        self, endpoints: list[str], *, local_sampler: bool = True, source: Source | None = None
+    ) -> None:
+        self.source: Source = source or ZmqSource(
+            endpoints, discover=not endpoints, local_sampler=local_sampler
+        )
         self.state = ViewerState(socket.gethostname())
         self._pending: list[SourceEvent] = []
         self._lock = threading.Lock()
@@ -51,6 +55,8 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
     for run in state.runs:
         if run.is_placeholder and run.connection.state == "connecting":
             continue
+        if run.is_placeholder and run.key.startswith("endpoint:ssh://"):
+            continue  # a remote host's link: listed under "hosts"
         verdict = dataclasses.asdict(run.verdict) if run.verdict is not None else None
         runs.append(
             {
@@ -83,6 +89,15 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
     return {
         "host": host,
         "runs": runs,
+        "agent_only": list(state.agent_only_hosts()),
+        "hosts": [
+            {"host": link.host, "state": link.state, "detail": link.detail} for link in state.links
+        ],
+        "systems": {
+            name: dataclasses.asdict(sample)
+            for name in state.agent_only_hosts()
+            if (sample := state.host_system(name)) is not None and name != host
+        },
         "system": dataclasses.asdict(system) if system is not None else None,
         "errors": [e.text for e in state.errors],
         # The selected run's job (else the largest one), and every job.
@@ -118,7 +133,12 @@ def _largest(jobs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def render_text(snap: dict[str, Any]) -> str:
     lines: list[str] = []
-    if not snap["runs"]:
+    for link in snap.get("hosts", []):
+        detail = f": {link['detail']}" if link["detail"] else ""
+        lines.append(f"host {link['host']}: {link['state']}{detail}")
+    for node in snap.get("agent_only", []):
+        lines.append(f"node {node}: no training run (agent only)")
+    if not snap["runs"] and not snap.get("agent_only"):
         lines.append(
             "no training run found; instrument one with: "
             "from gputop_dl import probe; for batch in probe.watch(loader): ..."
@@ -149,7 +169,15 @@ def render_text(snap: dict[str, Any]) -> str:
             f"job {job['id']} ({len(job['ranks'])} of {world} ranks on "
             f"{hosts} host{'s' if hosts != 1 else ''}) {said}"
         )
-    system = snap["system"]
+    for system in [snap["system"], *snap.get("systems", {}).values()]:
+        if system:
+            lines.extend(_system_lines(system))
+    lines.extend(f"error: {e}" for e in snap["errors"])
+    return "\n".join(lines)
+
+
+def _system_lines(system: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     if system:
         cpu = system.get("cpu")
         if cpu:
@@ -171,5 +199,4 @@ def render_text(snap: dict[str, Any]) -> str:
         for status in system.get("statuses", []):
             if not status["ok"]:
                 lines.append(f"  {status['source']}: {status['message']}")
-    lines.extend(f"error: {e}" for e in snap["errors"])
-    return "\n".join(lines)
+    return lines

@@ -174,7 +174,12 @@ class ZmqSource:
 
     def _rediscover(self, sub: Subscriber, known: dict[str, str]) -> list[SourceEvent]:
         events: list[SourceEvent] = []
-        records = {r.endpoint: r for r in discovery.discover() if r.pid != os.getpid()}
+        # A relay republishes the probes listed here too: read them at the source.
+        records = {
+            r.endpoint: r
+            for r in discovery.discover()
+            if r.pid != os.getpid() and r.role != "relay"
+        }
         for endpoint, record in records.items():
             if endpoint not in known and endpoint not in self.endpoints:
                 known[endpoint] = record.name

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gputop_dl.probe.samples import SystemSample
 
@@ -63,3 +65,61 @@ class Hosts:
         else:
             host.probe_sample_received = received
         keep_recent(host.history, sample, self.history_s)
+
+
+# ------------------------------------------------------------ remote host links
+LINK_LIVE, LINK_CONNECTING = "live", "connecting"
+MAX_LINKS = 4096  # hosts given with --hosts are bounded by the hostlist parser too
+NAMED_IN_SUMMARY = 3  # hosts named per state before "and N more"
+
+
+@dataclass(frozen=True)
+class Link:
+    """The ssh link to one remote host (tui.remote): its state and ssh's own words."""
+
+    host: str
+    endpoint: str
+    state: str  # connecting, live, auth failed, not installed, unreachable, lost
+    detail: str
+    since: float | None
+    ever_live: bool
+
+
+class Links:
+    """Host -> its link's newest state, in the order the hosts were given."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, Link] = {}
+
+    def apply(self, endpoint: str, host: str, state: str, detail: str, now: float | None) -> Link:
+        old = self._links.get(endpoint)
+        if old is None and len(self._links) >= MAX_LINKS:
+            return Link(host, endpoint, state, detail, now, False)
+        ever = (old is not None and old.ever_live) or state == LINK_LIVE
+        since = old.since if old is not None and old.state == state else now
+        link = self._links[endpoint] = Link(host, endpoint, state, detail, since, ever)
+        return link
+
+    def all(self) -> tuple[Link, ...]:
+        return tuple(self._links.values())
+
+
+def link_summary(links: Sequence[Link]) -> str:
+    """One line for the status bar: each host's state, or counts when there are many
+    ("16 hosts: 14 live, 1 lost (node07), 1 auth failed (node03)")."""
+    if not links:
+        return ""
+    if len(links) <= NAMED_IN_SUMMARY:
+        return "ssh: " + ", ".join(f"{link.host} {link.state}" for link in links)
+    by_state: dict[str, list[str]] = {}
+    for link in links:
+        by_state.setdefault(link.state, []).append(link.host)
+    parts = []
+    for state, hosts in sorted(by_state.items(), key=lambda kv: (kv[0] != LINK_LIVE, kv[0])):
+        if state == LINK_LIVE:
+            parts.append(f"{len(hosts)} live")
+            continue
+        named = ", ".join(hosts[:NAMED_IN_SUMMARY])
+        more = f" and {len(hosts) - NAMED_IN_SUMMARY} more" if len(hosts) > NAMED_IN_SUMMARY else ""
+        parts.append(f"{len(hosts)} {state} ({named}{more})")
+    return f"ssh {len(links)} hosts: " + ", ".join(parts)

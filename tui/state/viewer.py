@@ -36,7 +36,15 @@ from gputop_dl.tui.state.clean import (
     clean_text,
     evolve,
 )
-from gputop_dl.tui.state.hosts import Hosts, keep_recent
+from gputop_dl.tui.state.hosts import (
+    LINK_CONNECTING,
+    LINK_LIVE,
+    Hosts,
+    Link,
+    Links,
+    keep_recent,
+    link_summary,
+)
 from gputop_dl.tui.state.jobs import Jobs, JobSummary
 from gputop_dl.tui.state.model import (
     CONNECTING,
@@ -129,6 +137,7 @@ class ViewerState:
         self._sources: dict[str, Run] = {}
         self._hosts = Hosts(history_s)
         self._endpoints: dict[str, EndpointState] = {}
+        self._links = Links()  # remote hosts over ssh (tui.remote)
         self._errors: deque[ErrorEntry] = deque(maxlen=MAX_ERRORS)
         self._error_count = 0
         self._selected_key: str | None = None
@@ -285,6 +294,12 @@ class ViewerState:
                 source.incompatible = event
 
     def _apply_endpoint(self, event: EndpointState) -> None:
+        if event.endpoint.startswith("ssh://"):
+            event = self._apply_link(event)
+            if event.state == "detached":
+                if self._endpoints.pop(event.endpoint, None) is not None:
+                    self._roster += 1
+                return
         if event.state == "detached":
             if self._endpoints.pop(event.endpoint, None) is not None:
                 self._roster += 1
@@ -294,10 +309,29 @@ class ViewerState:
             return
         self._roster += 1
         self._endpoints[event.endpoint] = event
-        if event.state == "error":
+        if event.state == "error" and not event.endpoint.startswith("ssh://"):
             detail = f": {clean_text(event.detail)}" if event.detail else ""
             endpoint = clean_text(event.endpoint)
             self._add_error(self._now, f"cannot use {endpoint}{detail}", event.endpoint)
+
+    def _apply_link(self, event: EndpointState) -> EndpointState:
+        """Record a remote host's link; what the endpoint list should hold for it: a
+        placeholder ("connecting", or "error" with ssh's words) until the host was once
+        live, nothing after (its runs stand for it; a later failure is an error line)."""
+        host = clean_text(event.name or event.endpoint)
+        detail = clean_text(event.detail)
+        old = {link.endpoint: link for link in self._links.all()}.get(event.endpoint)
+        link = self._links.apply(event.endpoint, host, event.state, detail, self._now)
+        if old is None or old.state != link.state:
+            self._roster += 1
+        failed = link.state not in (LINK_LIVE, LINK_CONNECTING)
+        if failed and (old is None or old.state != link.state or old.detail != detail):
+            self._add_error(self._now, detail or f"{host}: {link.state}", event.endpoint)
+        if link.ever_live:
+            return EndpointState(event.endpoint, "detached", "", event.name)
+        if failed:
+            return EndpointState(event.endpoint, "error", "", event.name)
+        return EndpointState(event.endpoint, "connecting", "", event.name)
 
     def _add_error(self, when: float | None, text: str, source: str | None = None) -> None:
         text = clean_text(text)  # it may quote the wire (an analyzer's message, a name)
@@ -576,10 +610,13 @@ class ViewerState:
         for endpoint, info in self._endpoints.items():
             if info.name is not None and info.name in names:
                 continue
-            if info.name is None and runs:
+            if info.name is None and (runs or self.agent_only_hosts()):
                 continue  # cannot tell which run it is: it is probably one of them
             shown = clean_text(endpoint)
-            if info.state == "error":
+            link = self._link(endpoint)
+            if link is not None and info.state == "error":
+                connection = Connection(ENDPOINT_ERROR, link.detail or f"{link.host}: {link.state}")
+            elif info.state == "error":
                 detail = f": {clean_text(info.detail)}" if info.detail else ""
                 connection = Connection(ENDPOINT_ERROR, f"cannot use {shown}{detail}")
             else:
@@ -609,6 +646,35 @@ class ViewerState:
                 )
             )
         return placeholders
+
+    def _link(self, endpoint: str) -> Link | None:
+        if not endpoint.startswith("ssh://"):
+            return None
+        return next((link for link in self._links.all() if link.endpoint == endpoint), None)
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        """Remote hosts given with ssh:// or --hosts, and their link states."""
+        return self._links.all()
+
+    def link_summary(self) -> str:
+        """The remote hosts' states in one line ("" without remote hosts)."""
+        return link_summary(self._links.all())
+
+    def agent_only_hosts(self) -> tuple[str, ...]:
+        """Hosts an agent (not this viewer's own sampler) reports on, where no training
+        run is known: shown as nodes, not as runs that never arrive."""
+        with_runs = {source.host for source in self._sources.values() if source.is_run}
+        hosts: dict[str, None] = {}
+        for source in self._sources.values():
+            hello = source.hello
+            if hello is None or hello.role != "agent" or source.host in with_runs:
+                continue
+            if hello.pid == os.getpid() and hello.host == socket.gethostname():
+                continue  # the viewer sampling its own host (tui.source)
+            if source.host is not None:
+                hosts[source.host] = None
+        return tuple(hosts)
 
     # ------------------------------------------------------------------ selection
 

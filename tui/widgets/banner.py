@@ -45,14 +45,21 @@ class Banner(Panel):
         self.run: RunSummary | None = None
         self.host: str | None = None
         self.now = 0.0
+        self.agent_only: tuple[str, ...] = ()  # nodes an agent reports on, with no run
         self.severity = "info"
         self._set_severity("info")
         self.job_text: str | None = None  # the selected run's job verdict (a job of > 1 rank)
 
     def show(
-        self, run: RunSummary | None, host: str | None, now: float, job_text: str | None = None
+        self,
+        run: RunSummary | None,
+        host: str | None,
+        now: float,
+        job_text: str | None = None,
+        agent_only: Sequence[str] = (),
     ) -> None:
         self.run, self.host, self.now, self.job_text = run, host, now, job_text
+        self.agent_only = tuple(agent_only)
         self._set_severity(self._severity())
         self.changed()
 
@@ -95,6 +102,16 @@ class Banner(Panel):
 
     def _build(self, width: int) -> list[Text]:
         run = self.run
+        if run is None and self.agent_only:
+            nodes = self.agent_only
+            node = self.host if self.host in nodes else nodes[0]
+            more = f" (and {len(nodes) - 1} more nodes)" if len(nodes) > 1 else ""
+            return [
+                self._headline(
+                    "info", "NO RUN", f"node {node}: no training run (agent only){more}."
+                ),
+                self._hint("Instrument a script:"),
+            ]
         if run is None:
             where = f" {self.host}" if self.host else ""
             return [

@@ -18,6 +18,7 @@ class StatusLine(Panel):
         self.error_count = 0
         self.run: RunSummary | None = None
         self.now = 0.0
+        self.links = ""
         self.display = False
 
     def show(
@@ -26,13 +27,17 @@ class StatusLine(Panel):
         error_count: int,
         run: RunSummary | None,
         now: float,
+        links: str = "",
     ) -> None:
         self.errors, self.error_count, self.run, self.now = errors, error_count, run, now
+        self.links = links  # remote hosts' ssh link states (tui.state.hosts.link_summary)
         self.set_display(bool(self.parts()))
         self.changed()
 
     def parts(self) -> list[Text]:
         parts = []
+        if self.links:
+            parts.append(Text(self.links, self.style("panel--dim")))
         run = self.run
         if run is not None and run.lost_steps > 0:
             parts.append(
