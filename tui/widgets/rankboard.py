@@ -131,7 +131,10 @@ class RankBoard(Screen[None]):
             self._before_mount = (job,)
             return
         if job is None:
-            self.verdict_line.update("the selected run is not part of a job (Hello.job)")
+            self.verdict_line.update(
+                "the selected run is not part of a distributed job "
+                "(it has no torchrun, Slurm or MASTER_ADDR/MASTER_PORT environment)"
+            )
             self.verdict_line.set_classes("-muted")
             if self._rows:
                 self.table.clear()
