@@ -138,13 +138,19 @@ def probes() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def start_probe(
-    root: Path, probes: list[subprocess.Popen[bytes]], host: str, name: str, rank: int = 0
+    root: Path,
+    probes: list[subprocess.Popen[bytes]],
+    host: str,
+    name: str,
+    rank: int = 0,
+    world: int = 2,
+    wait_s: float = 0.0,
 ) -> None:
     node = root / host
     node.mkdir(mode=0o700, exist_ok=True)
     env = {**os.environ, "GPUTOP_RUNTIME_DIR": str(node)}
     proc = subprocess.Popen(
-        [sys.executable, NODE_PROBE, host, name, "0.02", str(rank), "2"],
+        [sys.executable, NODE_PROBE, host, name, "0.02", str(rank), str(world), str(wait_s)],
         env=env,
         stdout=subprocess.PIPE,
     )
@@ -304,6 +310,44 @@ def test_snapshot_hosts_cli(nodes: Path, probes: list[subprocess.Popen[bytes]]) 
     snap = json.loads(out.stdout)
     assert {(r["host"], r["name"]) for r in snap["runs"]} == {("node1", "alpha"), ("node2", "beta")}
     assert {(h["host"], h["state"]) for h in snap["hosts"]} == {("node1", LIVE), ("node2", LIVE)}
+
+
+def test_a_job_across_two_nodes_names_its_straggler(
+    nodes: Path, probes: list[subprocess.Popen[bytes]]
+) -> None:
+    """Issue 9, done when: from one terminal, ``--hosts`` on two nodes shows every rank of
+    the job and names the one that holds the others back (rank 3 on node2 waits 60 ms a
+    step for its data; the others do not wait)."""
+    for host, rank in (("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)):
+        start_probe(nodes, probes, host, "job", rank, world=4, wait_s=0.06 if rank == 3 else 0.0)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gputop_dl",
+            "snapshot",
+            "--wait",
+            "10",
+            "--json",
+            "--hosts",
+            "node[1-2]",
+            "--remote-command",
+            RELAY,
+        ],
+        capture_output=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    job = json.loads(out.stdout)["job"]
+    assert job is not None and job["world_size"] == 4
+    assert sorted((r["host"], r["rank"]) for r in job["ranks"]) == [
+        ("node1", 0),
+        ("node1", 1),
+        ("node2", 2),
+        ("node2", 3),
+    ]
+    assert job["straggler"] is not None, job["verdict"]
+    assert (job["straggler"]["rank"], job["straggler"]["host"]) == (3, "node2"), job
 
 
 def test_snapshot_says_how_to_fix_a_missing_gputop(nodes: Path) -> None:
