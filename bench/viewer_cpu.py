@@ -6,6 +6,12 @@ run at 150 steps/s (15 records every 0.1 s) and, at 1 Hz, system samples with 64
 refresh in a private tmux server; its whole-process CPU time (all threads) is read from
 /proc, GPUTOP_BENCH_REPEATS times (median and spread). For comparison the same is measured
 for ``btop`` (1 s refresh) and ``glances`` when they are installed.
+
+GPUTOP_BENCH_HISTORY=1 (the default) makes the publisher do what a real probe does for a
+viewer that attaches: replay its last 120 s of step records and its last node samples, as
+a run that has been going for 2 minutes has them; the graph is then full from the first
+frame, as it is in real use. GPUTOP_BENCH_HISTORY=0 replays nothing (the figure of the
+first measurements: the graph fills during the measurement, every row changes each tick).
 Goals: <= 1.5 % of one core; first frame < 1 s.
 """
 
@@ -23,12 +29,13 @@ from pathlib import Path
 
 MEASURE_S = float(os.environ.get("GPUTOP_BENCH_SECONDS", "30"))
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
+HISTORY = os.environ.get("GPUTOP_BENCH_HISTORY", "1") != "0"
 TMUX = ["tmux", "-L", f"gputop-bench-{os.getpid()}"]  # never the user's (or another's) server
 ROOT = Path(__file__).resolve().parent.parent
 GPUTOP = str(Path(sys.executable).parent / "gputop")
 
 PUBLISHER = """
-import random, socket, sys, time
+import collections, random, socket, sys, time
 from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, HpuSample,
@@ -43,15 +50,40 @@ hello = Hello(source_id=sid, role="probe", name="bench-run", host=host, pid=4242
                                 batch_size=256, prefetch_factor=2, persistent_workers=True,
                                 worker_pids=tuple(range(100, 108))))
 gib = 1 << 30
-i, last_sys, last_hello, t = 0, 0.0, 0.0, time.time()
+replay = sys.argv[2] == "1"
+# What a probe keeps for late viewers (probe/core.py: 120 s of steps, 60 node samples),
+# filled as if the run had been going for that long already.
+history = collections.deque(maxlen=18_000)
+systems = collections.deque(maxlen=60)
+def step(index, end):
+    return StepRecord(index=index, end_time=end, period_s=1 / 150,
+                      wait_s=0.001 + random.random() * 0.0005, samples=256)
+i, start = 0, time.time()
+if replay:
+    for i in range(18_000):
+        history.append(step(i, start - (18_000 - i) / 150))
+    i = 18_000
+last_sys, last_hello, t = 0.0, 0.0, time.time()
+next_batch = time.time() + 0.1
 while True:
-    time.sleep(0.1)
+    attached = pub.wait(max(0.0, next_batch - time.time()))
+    if attached and replay:  # as the probe does: hello, node samples, then the steps
+        pub.send(encode(hello))
+        for frames in systems:
+            pub.send(frames)
+        kept = list(history)
+        for k in range(0, len(kept), 2000):
+            pub.send(encode(Steps(source_id=sid, records=tuple(kept[k:k + 2000]), sent=i,
+                                  dropped=0)))
+    if time.time() < next_batch:
+        continue
+    next_batch += 0.1
     now = time.time()
     recs = []
     for k in range(15):  # 150 steps/s
-        recs.append(StepRecord(index=i, end_time=now - (14 - k) / 150, period_s=1 / 150,
-                               wait_s=0.001 + random.random() * 0.0005, samples=256))
+        recs.append(step(i, now - (14 - k) / 150))
         i += 1
+    history.extend(recs)
     pub.send(encode(Steps(source_id=sid, records=tuple(recs), sent=i, dropped=0)))
     if now - last_hello > 2:
         last_hello = now
@@ -75,7 +107,9 @@ while True:
             nets=tuple(NetSample(f"eth{n}", 1e8, 1e7) for n in range(4)),
             processes=procs, gpus=gpus, hpus=hpus,
             statuses=(SourceStatus("nvml", True), SourceStatus("hl-smi", True)))
-        pub.send(encode(System(sid, sample)))
+        frames = encode(System(sid, sample))
+        systems.append(frames)
+        pub.send(frames)
 """
 
 
@@ -133,7 +167,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             script = Path(tmp) / "publisher.py"
             script.write_text(PUBLISHER)
-            pub = subprocess.Popen([sys.executable, str(script), endpoint], cwd=ROOT)
+            pub = subprocess.Popen(
+                [sys.executable, str(script), endpoint, "1" if HISTORY else "0"], cwd=ROOT
+            )
             try:
                 time.sleep(1.0)
                 for _ in range(REPEATS):
@@ -145,7 +181,8 @@ def main() -> None:
                 pub.wait()
         print(
             f"gputop viewer, 200x50, default refresh, 150 steps/s, 64 cores, 8 GPUs, 8 HPUs "
-            f"at 1 Hz, {REPEATS} x {MEASURE_S:.0f} s: {spread(cpus)}; first frame "
+            f"at 1 Hz, {'120 s history replayed on attach' if HISTORY else 'no history'}, "
+            f"{REPEATS} x {MEASURE_S:.0f} s: {spread(cpus)}; first frame "
             f"median {statistics.median(firsts):.2f} s"
         )
         for tool, command, ready in (

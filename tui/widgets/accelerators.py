@@ -110,6 +110,10 @@ class AcceleratorsPanel(Panel):
         self.devices: tuple[Device, ...] = ()
         self.statuses: tuple[SourceStatus, ...] = ()
         self.border_title = "Accelerators"
+        # The rows of the last build, by what they were built from: a device whose figures
+        # did not change since the last sample (an idle GPU beside the busy ranks) is not
+        # formatted again. Only the last build's rows are kept (bounded by the devices).
+        self._rows: dict[tuple[Device, int, bool, bool], Text] = {}
 
     def show(self, system: SystemSample | None) -> None:
         if system is None:
@@ -159,7 +163,7 @@ class AcceleratorsPanel(Panel):
         )
         cell_width = (width - 2) // 2 if two_per_row else width
         show_name = not self._same_names()
-        cells = [self._row(d, cell_width, show_name) for d in self.devices]
+        cells = self._rows_of(cell_width, show_name)
         if two_per_row:
             for left, right in zip(cells[0::2], [*cells[1::2], Text()], strict=False):
                 left.truncate(cell_width, pad=True)
@@ -170,6 +174,26 @@ class AcceleratorsPanel(Panel):
             text = f"{MISSING_SOURCES[status.source]}: {status.message or 'not available'}"
             lines.append(Text(text, self.style("panel--dim")))
         return lines
+
+    def _rows_of(self, width: int, show_name: bool) -> list[Text]:
+        """:meth:`_row` of every device, reusing the last build's row for a device shown
+        as before (a copy: the caller truncates and pads the rows it gets)."""
+        wide_index = len(self.devices) > 10
+        previous, rows = self._rows, {}
+        cells = []
+        for device in self.devices:
+            key = (device, width, show_name, wide_index)
+            row = previous.get(key)
+            if row is None:
+                row = self._row(device, width, show_name)
+            rows[key] = row
+            cells.append(row.copy())
+        self._rows = rows
+        return cells
+
+    def notify_style_update(self) -> None:
+        self._rows = {}  # built with the component styles of before
+        super().notify_style_update()
 
     def _compact(self, width: int) -> list[Text]:
         """A short screen: a few devices one line each, more as a grid of cells (util
