@@ -26,6 +26,7 @@ from gputop_dl.probe.transport import (
     CurveKeys,
     Publisher,
     Subscriber,
+    is_key,
     keys_dir,
     listen_policy,
     load_keys,
@@ -100,6 +101,17 @@ def test_keys_are_written_private_once(capsys: pytest.CaptureFixture[str]) -> No
     refreshed = load_keys()
     assert refreshed is not None and refreshed.authorized == {keys.public, other}
     assert main(["keys", "--authorize", "not-a-key"]) == 2
+
+
+def test_a_key_beginning_with_a_dash_is_authorized(capsys: pytest.CaptureFixture[str]) -> None:
+    """Z85 digits include "-": argparse took such a key for an option (found by CI, where
+    a random key began with one)."""
+    other = b"-" + new_keypair()[0][1:]
+    while not is_key(other):
+        other = b"-" + new_keypair()[0][1:]
+    assert main(["keys", "--authorize", other.decode()]) == 0
+    keys = load_keys()
+    assert keys is not None and other in keys.authorized
 
 
 def test_authorized_keys_parsing() -> None:

@@ -62,6 +62,21 @@ def authorize(directory: Path, public: bytes, comment: str) -> bool:
     return True
 
 
+def _joined(argv: list[str], option: str) -> list[str]:
+    """``OPTION VALUE`` as ``OPTION=VALUE``: a Z85 key may begin with "-" or ".", which
+    argparse would take for an option and refuse ("expected one argument")."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == option and i + 1 < len(argv):
+            out.append(f"{option}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def cmd_keys(argv: list[str]) -> int:
     from gputop_dl.tui.cli import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE, HelpFormatter
 
@@ -79,7 +94,7 @@ def cmd_keys(argv: list[str]) -> int:
         help="also admit this public key (another user's or machine's gputop.key)",
     )
     ap.add_argument("--force", action="store_true", help="replace an existing key pair")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(_joined(argv, "--authorize"))
     directory = keys_dir()
     if (problem := _private_dir(directory)) is not None:
         print(f"gputop keys: {problem}", file=sys.stderr)
