@@ -91,7 +91,9 @@ class Throughput:
                 continue
             if first != current:
                 if current is not None:
-                    self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
+                    self._put(
+                        current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
+                    )
                 current = first
                 lo, hi = first * BUCKET_S, (first + 1) * BUCKET_S
                 samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
