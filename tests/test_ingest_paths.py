@@ -47,8 +47,18 @@ def test_phases_reach_only_the_rows_that_carry_them() -> None:
     assert [r.index for r in decoded.records] == [1, 2, 3]
 
 
-def steady(count: int, period: float, start: float = T0, **kw: float | None) -> list[StepRecord]:
-    return [rec(i, start + (i + 1) * period, period, **kw) for i in range(count)]  # type: ignore[arg-type]
+def steady(
+    count: int,
+    period: float,
+    *,
+    wait: float | None = None,
+    samples: int | None = 8,
+    device: float | None = None,
+) -> list[StepRecord]:
+    return [
+        rec(i, T0 + (i + 1) * period, period, wait=wait, samples=samples, device=device)
+        for i in range(count)
+    ]
 
 
 CASES: dict[str, list[StepRecord]] = {
