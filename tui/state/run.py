@@ -188,7 +188,8 @@ class Run:
         throughput.add(accepted)
         last_end = throughput.last_end
         if last_end is not None:
-            throughput.finish_until(last_end)
+            if last_end >= throughput.close_at:
+                throughput.finish_until(last_end)
             oldest = last_end - STEP_KEEP_S
             while len(steps) > MIN_WINDOW_STEPS and steps[0].end_time < oldest:
                 steps.popleft()

@@ -38,6 +38,9 @@ class Throughput:
         self._last_final: int | None = None  # index of the newest finished bucket
         self._finished_any = False
         self.last_end: float | None = None
+        # The earliest end for which finish_until closes a bucket: the end of the bucket
+        # after the newest finished one. Before it, a call does nothing (callers skip it).
+        self.close_at = -math.inf
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Spread each record (validated: finite, non-negative durations, newer than the
@@ -163,11 +166,12 @@ class Throughput:
 
     def finish_until(self, end: float) -> None:
         """Close every bucket that ends at or before ``end``: no later step can add to it."""
-        final = math.floor(end / BUCKET_S) - 1
         if self._last_final is None:
             if not self._open:
                 return
             self._last_final = min(self._open) - 1
+            self.close_at = (self._last_final + 2) * BUCKET_S
+        final = math.floor(end / BUCKET_S) - 1
         if final <= self._last_final:
             return
         first = max(self._last_final + 1, final - self._max_points + 1)
@@ -181,6 +185,7 @@ class Throughput:
         for index in [i for i in self._open if i <= final]:
             del self._open[index]
         self._last_final = final
+        self.close_at = (final + 2) * BUCKET_S
 
     @staticmethod
     def _point(
