@@ -162,9 +162,13 @@ class Run:
         if self.dropped_baseline is None:
             self.dropped_baseline = message.dropped
             self.dropped_steps_baseline = message.dropped_steps
-        self.sent = max(self.sent, message.sent)
-        self.dropped = max(self.dropped, message.dropped)
-        self.dropped_steps = max(self.dropped_steps, message.dropped_steps)
+        # Plain comparisons, not max(): once per message, but the viewer's hot path.
+        if message.sent > self.sent:
+            self.sent = message.sent
+        if message.dropped > self.dropped:
+            self.dropped = message.dropped
+        if message.dropped_steps > self.dropped_steps:
+            self.dropped_steps = message.dropped_steps
         records: Sequence[StepRecord] = message.records
         if len(records) > MAX_STEP_RECORDS:  # more than a run keeps: only the newest count
             records = records[-MAX_STEP_RECORDS:]
@@ -176,19 +180,20 @@ class Run:
             self.first_start = accepted[0].end_time - accepted[0].period_s
         self.last_index = accepted[-1].index
         self.total_steps += len(accepted)
-        counts = list(map(_samples, accepted))  # C loops: the viewer's hot path
-        if counts.count(None) != len(counts):
-            self.samples_known = True
-            self.total_samples += sum(filter(None, counts))
-        self.steps.extend(accepted)
-        throughput.add(accepted)
+        self.total_samples += sum(filter(None, map(_samples, accepted)))  # C loops
+        if not self.samples_known:  # looked at until a record reports its batch size
+            self.samples_known = any(record.samples is not None for record in accepted)
         steps = self.steps
-        if throughput.last_end is not None:
-            throughput.finish_until(throughput.last_end)
-            oldest = throughput.last_end - STEP_KEEP_S
+        steps.extend(accepted)
+        throughput.add(accepted)
+        last_end = throughput.last_end
+        if last_end is not None:
+            if last_end >= throughput.close_at:
+                throughput.finish_until(last_end)
+            oldest = last_end - STEP_KEEP_S
             while len(steps) > MIN_WINDOW_STEPS and steps[0].end_time < oldest:
                 steps.popleft()
-            self.clock_offsets.append(received - throughput.last_end)
+            self.clock_offsets.append(received - last_end)
         return invalid
 
     # ---------------------------------------------------------------- reads

@@ -38,60 +38,85 @@ class Throughput:
         self._last_final: int | None = None  # index of the newest finished bucket
         self._finished_any = False
         self.last_end: float | None = None
+        # The earliest end for which finish_until closes a bucket: the end of the bucket
+        # after the newest finished one. Before it, a call does nothing (callers skip it).
+        self.close_at = -math.inf
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Spread each record (validated: finite, non-negative durations, newer than the
         last) over the buckets its period covers. The viewer's hot path: consecutive
         steps inside one bucket (the usual case) are summed in locals and written to
-        the bucket once."""
+        the bucket once, by the first branch of the loop, with as few operations as
+        a step can take."""
         horizon = self._max_points * BUCKET_S
-        low = None if self._last_final is None else (self._last_final + 1) * BUCKET_S
-        last_end = self.last_end
+        low = -math.inf if self._last_final is None else (self._last_final + 1) * BUCKET_S
+        last_end = -math.inf if self.last_end is None else self.last_end
         floor = math.floor
         current = None  # index of the bucket summed in the locals below
-        lo = hi = 0.0  # its bounds: a step with lo <= start and end <= hi falls in it alone
+        # Its bounds: a step with lo <= start < end <= hi falls in it alone, whole (lo is
+        # past every finished bucket, and a step inside one bucket is within the horizon).
+        lo, hi = math.inf, -math.inf  # no bucket yet: nothing falls in it
         samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
         for record in records:
             end = record.end_time
             period = record.period_s
-            start = end - period if period < horizon else end - horizon
-            if low is not None and start < low:
-                start = low  # never reopen a finished bucket
+            start = end - period
+            if lo <= start < end <= hi:
+                last_end = end  # validated: the records are oldest first
+                samples += record.samples or 0
+                steps += 1.0
+                # The whole step is in the bucket: its period is the time covered (not
+                # end - start, which rounding makes differ from it in the last bits).
+                covered += period
+                # The wait and the device time are spread over the step like the
+                # samples: at half-second resolution their share is what matters.
+                if (wait := record.wait_s) is not None:  # validated: wait <= period
+                    wait_cov += period
+                    wait_s += wait
+                if (device := record.device_s) is not None:
+                    device_cov += period
+                    device_s += device if device < period else period
+                continue
+            whole = True
+            if period >= horizon:
+                start, whole = end - horizon, False
+            if start < low:
+                start, whole = low, False  # never reopen a finished bucket
             if end <= start:
                 continue  # also every zero period: below, period > 0
-            if last_end is None or end > last_end:
+            if end > last_end:
                 last_end = end
-            if not (lo <= start and end <= hi and current is not None):
-                first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
-                if last > first and end == last * BUCKET_S:
-                    last -= 1  # a step ending exactly on a boundary belongs to the bucket before
-                if first != last:
-                    self._spread(record, start, end, first, last)
-                    continue
-                if first != current:
-                    if current is not None:
-                        self._put(
-                            current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
-                        )
-                    current = first
-                    lo, hi = first * BUCKET_S, (first + 1) * BUCKET_S
-                    samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
-            cover = end - start
+            first, last = floor(start / BUCKET_S), floor(end / BUCKET_S)
+            if last > first and end == last * BUCKET_S:
+                last -= 1  # a step ending exactly on a boundary belongs to the bucket before
+            if first != last:
+                self._spread(record, start, end, first, last)
+                continue
+            if first != current:
+                if current is not None:
+                    self._put(
+                        current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov
+                    )
+                current = first
+                lo, hi = first * BUCKET_S, (first + 1) * BUCKET_S
+                samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
+            # A step cut by the horizon or by a finished bucket: only its part after
+            # ``start`` counts, and its wait and device time in proportion.
+            cover = period if whole else end - start
             samples += record.samples or 0
             steps += 1.0
             covered += cover
-            # The wait and the device time are spread over the step like the samples: at
-            # half-second resolution their share is what matters, not where they fell.
-            if (wait := record.wait_s) is not None:  # validated: wait <= period
+            if (wait := record.wait_s) is not None:
                 wait_cov += cover
-                wait_s += wait if cover == period else wait * cover / period
+                wait_s += wait if whole else wait * cover / period
             if (device := record.device_s) is not None:
                 device_cov += cover
                 device = device if device < period else period
-                device_s += device if cover == period else device * cover / period
+                device_s += device if whole else device * cover / period
         if current is not None:
             self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
-        self.last_end = last_end
+        if last_end != -math.inf:
+            self.last_end = last_end
 
     def _put(
         self,
@@ -141,11 +166,12 @@ class Throughput:
 
     def finish_until(self, end: float) -> None:
         """Close every bucket that ends at or before ``end``: no later step can add to it."""
-        final = math.floor(end / BUCKET_S) - 1
         if self._last_final is None:
             if not self._open:
                 return
             self._last_final = min(self._open) - 1
+            self.close_at = (self._last_final + 2) * BUCKET_S
+        final = math.floor(end / BUCKET_S) - 1
         if final <= self._last_final:
             return
         first = max(self._last_final + 1, final - self._max_points + 1)
@@ -159,6 +185,7 @@ class Throughput:
         for index in [i for i in self._open if i <= final]:
             del self._open[index]
         self._last_final = final
+        self.close_at = (final + 2) * BUCKET_S
 
     @staticmethod
     def _point(
