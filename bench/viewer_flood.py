@@ -139,6 +139,19 @@ def run_tui(endpoint: str, tmp: Path) -> float:
     tmux = ["tmux", "-L", f"gputop-flood-{os.getpid()}"]
     env = f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
     command = f"exec env {env} {GPUTOP} {endpoint}"
+    # The publisher first: the viewer refuses an endpoint where nothing listens (exit 1).
+    pub = subprocess.Popen(
+        [
+            sys.executable,
+            str(tmp / "pub.py"),
+            endpoint,
+            str(RUNS),
+            str(STEPS_PER_S),
+            str(SECONDS + 5.0),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    time.sleep(1.0)
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
     try:
         time.sleep(3.0)  # first frame, imports
@@ -147,26 +160,15 @@ def run_tui(endpoint: str, tmp: Path) -> float:
                 [*tmux, "display", "-p", "#{pane_pid}"], capture_output=True, text=True
             ).stdout
         )
-        pub = subprocess.Popen(
-            [
-                sys.executable,
-                str(tmp / "pub.py"),
-                endpoint,
-                str(RUNS),
-                str(STEPS_PER_S),
-                str(SECONDS),
-            ],
-            stdout=subprocess.PIPE,
-        )
         time.sleep(2.0)
         c0, w0 = cpu_seconds(pid), time.monotonic()
         time.sleep(SECONDS - 2.0)
         c1, w1 = cpu_seconds(pid), time.monotonic()
-        pub.kill()
-        pub.wait()
         return 100 * (c1 - c0) / (w1 - w0)
     finally:
         subprocess.run([*tmux, "kill-server"], check=False)
+        pub.kill()
+        pub.wait()
 
 
 def free_endpoint() -> str:
