@@ -575,7 +575,7 @@ class Probe:
                     time.time(),
                     last_end,
                     drain.next_index,
-                    [p / _US for p in periods],
+                    periods,
                     self._loop != "outside",
                 )
                 if stalled is not None and self._train_thread is not None:

@@ -1,6 +1,6 @@
 """Where a stalled training thread is stuck: its Python stack, taken from inside.
 
-The probe's publisher thread (never the training thread) calls :meth:`StallWatch.check`
+The probe's publisher thread (never the training thread) calls :meth:`StallWatch.due`
 every time it wakes (at least every 0.5 s). When no step has ended for longer than the
 viewer's stall threshold -- max(5 x the median period of the last 30 steps, 10 s),
 docs/verdicts.md -- it takes the training thread's frames from ``sys._current_frames()``,
@@ -33,12 +33,13 @@ MAX_FUNCTION = 128
 MAX_CODE = 200
 
 
-def stall_threshold(periods: Sequence[float]) -> float | None:
+def stall_threshold(periods_us: Sequence[int]) -> float | None:
     """Seconds without a step after which the run counts as stalled; None with too few
-    steps to know what is typical."""
-    if len(periods) < MIN_STEPS:
+    steps to know what is typical. ``periods_us``: recent step periods in microseconds,
+    as the publisher keeps them (no copy in seconds on every wake-up)."""
+    if len(periods_us) < MIN_STEPS:
         return None
-    return max(STALL_FACTOR * statistics.median(periods), STALL_MIN_S)
+    return max(STALL_FACTOR * statistics.median(periods_us) / 1e6, STALL_MIN_S)
 
 
 def cut_head(text: str, limit: int) -> str:
@@ -100,16 +101,16 @@ class StallWatch:
         now: float,
         last_end: float | None,
         next_index: int,
-        periods: Sequence[float],
+        periods_us: Sequence[int],
         in_loop: bool,
     ) -> float | None:
         """Seconds stalled when a stack should be taken now, else None.
 
         ``last_end``: Unix time the last step ended; ``next_index``: the index of the
-        step in progress (steps published so far); ``periods``: recent step periods."""
+        step in progress (steps published so far); ``periods_us``: recent step periods."""
         if not in_loop or last_end is None or self.taken_for == next_index:
             return None
-        limit = stall_threshold(periods)
+        limit = stall_threshold(periods_us)
         stalled = now - last_end
         if limit is None or stalled <= limit:
             return None

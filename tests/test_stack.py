@@ -39,19 +39,19 @@ def test_the_probe_uses_the_viewers_stall_rule() -> None:
     ("periods", "expected"),
     [
         ([], None),
-        ([0.1] * 4, None),  # too few steps to know what is typical
-        ([0.1] * 5, 10.0),  # 5 x 0.1 s < 10 s
-        ([3.0] * 30, 15.0),  # 5 x 3 s
-        ([0.1, 0.1, 0.1, 100.0, 100.0], 10.0),  # the median, not the mean
+        ([100_000] * 4, None),  # too few steps to know what is typical
+        ([100_000] * 5, 10.0),  # 5 x 0.1 s < 10 s
+        ([3_000_000] * 30, 15.0),  # 5 x 3 s
+        ([100_000] * 3 + [100_000_000] * 2, 10.0),  # the median, not the mean
     ],
 )
-def test_stall_threshold(periods: list[float], expected: float | None) -> None:
+def test_stall_threshold(periods: list[int], expected: float | None) -> None:
     assert stacks.stall_threshold(periods) == expected
 
 
 def test_a_stack_is_due_once_per_stall_inside_the_loop_past_the_threshold() -> None:
     watch = stacks.StallWatch()
-    periods = [0.1] * 30
+    periods = [100_000] * 30  # microseconds, as the publisher keeps them
     due = watch.due
     assert due(T0 + 5, T0, 7, periods, True) is None  # 5 s: not yet
     assert due(T0 + 11, T0, 7, periods, False) is None  # outside the loop: never

@@ -3,6 +3,7 @@ viewer state on the UI thread (see ``tui.source`` for the real source, tests use
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -52,3 +53,27 @@ class Source(Protocol):
     def start(self, emit: Emit) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class ThreadSource:
+    """A source whose ``_run(emit)`` runs on one daemon thread until ``_stop`` is set."""
+
+    thread_name = "gputop-source"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, emit: Emit) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(emit,), name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _run(self, emit: Emit) -> None:
+        raise NotImplementedError

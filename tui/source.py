@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,14 @@ from gputop_dl.probe.messages import Hello, Message, System
 from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode, encode
 from gputop_dl.probe.transport import Subscriber, TransportError
 from gputop_dl.probe.version import __version__
-from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, SourceEvent
+from gputop_dl.tui.events import (
+    BadInput,
+    Emit,
+    EndpointState,
+    Received,
+    SourceEvent,
+    ThreadSource,
+)
 
 POLL_S = 0.1
 DISCOVER_EVERY_S = 1.0
@@ -27,7 +33,7 @@ BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
 RawTap = Callable[[list[bytes], float], None]
 
 
-class ZmqSource:
+class ZmqSource(ThreadSource):
     """Subscribe to ``endpoints``; with ``discover`` also to every probe found on this host.
 
     ``local_sampler``: sample this host in the viewer when no probe or agent does.
@@ -46,24 +52,12 @@ class ZmqSource:
         raw_tap: RawTap | None = None,
     ) -> None:
         self.raw_tap = raw_tap
+        super().__init__()
         self.endpoints = list(endpoints or [])
         self.discover = discover
         self.local_sampler = local_sampler
         self.sample_interval_s = sample_interval_s
         self.hostname = socket.gethostname()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, emit: Emit) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(emit,), name="gputop-source", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
 
     def _run(self, emit: Emit) -> None:
         sub = Subscriber()

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from gputop_dl.tui.events import Emit, SourceEvent
+from gputop_dl.tui.events import Emit, SourceEvent, ThreadSource
 from gputop_dl.tui.record.reader import Timeline
 from gputop_dl.tui.state import ViewerState
 
@@ -159,27 +159,17 @@ class Replayer:
         self.tick(t)
 
 
-class ReplaySource:
+class ReplaySource(ThreadSource):
     """Hands the app the timeline's events as the replay clock reaches them."""
 
+    thread_name = "gputop-replay"
+
     def __init__(self, timeline: Timeline, clock: ReplayClock | None = None) -> None:
+        super().__init__()
         self.timeline = timeline
         self.clock = clock or ReplayClock(timeline.start, timeline.end)
         self.lock = threading.Lock()  # held while emitting, so seek is atomic with it
         self._next = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, emit: Emit) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(emit,), name="gputop-replay", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
 
     def _run(self, emit: Emit) -> None:
         while not self._stop.is_set():
