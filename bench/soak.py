@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from simulated import SCRIPT
+
 SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 SAMPLE_S = float(os.environ.get("SOAK_SAMPLE_S", "10"))
 # The steady publisher's runs and steps/s per run (SOAK_RUNS=64 SOAK_RATE=200: the
@@ -40,48 +42,6 @@ RATE = int(os.environ.get("SOAK_RATE", "100"))
 HISTORY_FULL_S = 330.0
 WARMUP_S = min(HISTORY_FULL_S, SECONDS / 2)
 GPUTOP = str(Path(sys.executable).parent / "gputop")
-
-STEADY = """
-import sys, time
-from gputop_dl.probe import discovery
-from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
-from gputop_dl.probe.protocol import encode
-from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
-from gputop_dl.probe.transport import Publisher
-import os, socket
-runs, rate = int(sys.argv[1]), int(sys.argv[2])
-pub = Publisher(discovery.ipc_endpoint(os.getpid()))
-discovery.register(discovery.Record(pub.endpoint, os.getpid(), socket.gethostname(),
-                                    "soak-steady", "probe", time.time()))
-start = time.time()
-# Other hosts' runs (as through an agent or tunnel): their pids are not checked here.
-hellos = [encode(Hello(source_id=f"steady-{r}:{5000 + r}", role="probe", name=f"steady {r}",
-                       host=f"soak-{r // 8}", pid=5000 + r, started=start,
-                       probe_version="0", rank=r, world_size=runs)) for r in range(runs)]
-last = [-1] * runs
-flushes = 0
-next_at = time.time()
-while True:
-    next_at += 0.1
-    now = time.time()
-    per = rate // 10
-    for r in range(runs):
-        if flushes % 20 == 0:
-            pub.send(hellos[r])
-        recs = tuple(StepRecord(index=last[r] + 1 + i, end_time=now - (per - 1 - i) / rate,
-                                period_s=1 / rate, wait_s=0.3 / rate, samples=32,
-                                device_s=0.6 / rate) for i in range(per))
-        last[r] += per
-        pub.send(encode(Steps(source_id=f"steady-{r}:{5000 + r}", records=recs,
-                              sent=flushes, dropped=0)))
-    if flushes % 10 == 0:
-        cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(64))
-        sample = SystemSample(time=now, host="soak-0", interval_s=1.0,
-                              cpu=CpuSample(cores, None))
-        pub.send(encode(System(source_id="steady-0:5000", sample=sample)))
-    flushes += 1
-    time.sleep(max(0.0, next_at - time.time()))
-"""
 
 CHURN = """
 import sys, time
@@ -152,11 +112,22 @@ def main() -> int:
     runtime = tmp / "run"
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "GPUTOP_RUNTIME_DIR": str(runtime)}
-    for name, text in (("steady.py", STEADY), ("churn.py", CHURN), ("hostile.py", HOSTILE)):
+    for name, text in (("steady.py", SCRIPT), ("churn.py", CHURN), ("hostile.py", HOSTILE)):
         (tmp / name).write_text(text)
     quiet = subprocess.DEVNULL
     children: list[subprocess.Popen[bytes]] = [
-        subprocess.Popen([sys.executable, str(tmp / "steady.py"), str(RUNS), str(RATE)], env=env),
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(tmp / "steady.py"),
+                "discover",
+                str(RUNS),
+                str(RATE),
+                "0",
+                "steady",
+            ],
+            env=env,
+        ),
         subprocess.Popen([sys.executable, str(tmp / "hostile.py")], env=env, stderr=quiet),
     ]
     tmux = ["tmux", "-L", f"gputop-soak-{os.getpid()}"]

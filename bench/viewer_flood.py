@@ -21,53 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from simulated import SCRIPT
+
 RUNS = int(os.environ.get("GPUTOP_BENCH_RUNS", "64"))
 STEPS_PER_S = int(os.environ.get("GPUTOP_BENCH_RATE", "200"))
 SECONDS = float(os.environ.get("GPUTOP_BENCH_SECONDS", "20"))
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
 DRAIN_S = 3.0
 GPUTOP = str(Path(sys.executable).parent / "gputop")
-
-PUBLISHER = """
-import json, sys, time
-from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
-from gputop_dl.probe.protocol import encode
-from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
-from gputop_dl.probe.transport import Publisher
-
-endpoint, runs, rate, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-pub = Publisher(endpoint)
-start = time.time()
-hellos = [encode(Hello(source_id=f"flood-{r}:{1000 + r}", role="probe", name="flood",
-                       host=f"flood-{r // 8}", pid=1000 + r, started=start, probe_version="0",
-                       rank=r, world_size=runs)) for r in range(runs)]
-time.sleep(1.0)  # the subscriber joins
-last = [-1] * runs
-flushes = 0
-t0 = time.time()
-next_at = t0
-while time.time() - t0 < seconds:
-    next_at += 0.1
-    now = time.time()
-    per = rate // 10
-    for r in range(runs):
-        if flushes % 20 == 0:
-            pub.send(hellos[r])
-        recs = tuple(StepRecord(index=last[r] + 1 + i, end_time=now - (per - 1 - i) / rate,
-                                period_s=1 / rate, wait_s=0.3 / rate, samples=32,
-                                device_s=0.6 / rate) for i in range(per))
-        last[r] += per
-        pub.send(encode(Steps(source_id=f"flood-{r}:{1000 + r}", records=recs,
-                              sent=flushes, dropped=0)))
-    if flushes % 10 == 0:
-        cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(64))
-        sample = SystemSample(time=now, host="flood-0", interval_s=1.0, cpu=CpuSample(cores, None))
-        pub.send(encode(System(source_id="flood-0:1000", sample=sample)))
-    flushes += 1
-    time.sleep(max(0.0, next_at - time.time()))
-print(json.dumps(last), flush=True)
-time.sleep(60)  # keep the socket open while the viewer drains; killed by the bench
-"""
 
 VIEWER = """
 import json, sys, time
@@ -100,7 +61,7 @@ print(json.dumps({"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "last": last, "rss": r
 
 def run_pipeline(endpoint: str, tmp: Path) -> tuple[float, int, int, int, int]:
     """(viewer CPU %, runs complete, runs seen, viewer RSS bytes, most steps missing)."""
-    (tmp / "pub.py").write_text(PUBLISHER)
+    (tmp / "pub.py").write_text(SCRIPT)
     (tmp / "viewer.py").write_text(VIEWER)
     viewer = subprocess.Popen(
         [sys.executable, str(tmp / "viewer.py"), endpoint, str(SECONDS + 1.0), str(DRAIN_S)],
@@ -109,7 +70,15 @@ def run_pipeline(endpoint: str, tmp: Path) -> tuple[float, int, int, int, int]:
     )
     time.sleep(0.5)
     pub = subprocess.Popen(
-        [sys.executable, str(tmp / "pub.py"), endpoint, str(RUNS), str(STEPS_PER_S), str(SECONDS)],
+        [
+            sys.executable,
+            str(tmp / "pub.py"),
+            endpoint,
+            str(RUNS),
+            str(STEPS_PER_S),
+            str(SECONDS),
+            "flood",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -135,7 +104,7 @@ def cpu_seconds(pid: int) -> float:
 
 def run_tui(endpoint: str, tmp: Path) -> float:
     """The real TUI in a private tmux server at 200x50: % of one core during the flood."""
-    (tmp / "pub.py").write_text(PUBLISHER)
+    (tmp / "pub.py").write_text(SCRIPT)
     tmux = ["tmux", "-L", f"gputop-flood-{os.getpid()}"]
     env = f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
     command = f"exec env {env} {GPUTOP} {endpoint}"
@@ -148,6 +117,7 @@ def run_tui(endpoint: str, tmp: Path) -> float:
             str(RUNS),
             str(STEPS_PER_S),
             str(SECONDS + 5.0),
+            "flood",
         ],
         stdout=subprocess.PIPE,
     )
