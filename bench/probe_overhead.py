@@ -1,34 +1,43 @@
 """Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
 same bare loop, in separate interleaved subprocesses.
 
-Each child runs STEPS steps of ~100 us of Python work over a list of batches (a tuple
-holding numpy arrays, so sample inference does its usual work). The probe child has a
-subscriber attached (in this parent process, so its cost is not counted) and stops its
-clock only after ``probe.close()`` has flushed and sent everything: the publisher
-thread's encoding and sending is counted. Goal: <= 1 us CPU per step.
+Each child runs STEPS steps of ~100 us of Python work, over one of two loaders:
+
+* ``list``: a list of batches (a tuple holding numpy arrays): the probe counts each
+  batch's samples by looking at it;
+* ``dataloader``: a torch DataLoader (batch_size=32, default collate; its own ~120 us
+  per batch is in both children): torch fixes every batch's count, so the probe looks
+  only at the first batch (probe/loader.py, ``batch_plan``).
+
+The probe child has a subscriber attached (in this parent process, so its cost is not
+counted) and stops its clock only after ``probe.close()`` has flushed and sent
+everything: the publisher thread's encoding and sending is counted. Goal: <= 1 us CPU
+per step.
 
 The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, so the
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
 
 On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
-probe's cost, so the second section also profiles the probe's own parts in this process
+probe's cost, so the last section also profiles the probe's own parts in this process
 (CPU time of the calling thread, repeated): the training-thread path between real ~100 us
 steps (blocks of watched and bare steps in turn: caches as a real step leaves them) and
 in a tight loop (what ``watch`` adds around ``next()``: two clock reads, the sample
 count, the record), and the publisher's per-step work (drain to wire records, msgspec
 encoding).
 
-    python bench/probe_overhead.py [pairs]
+    python bench/probe_overhead.py [pairs] [list|dataloader|both]
 """
 
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 
 from gputop_dl.probe.core import Probe, _DrainState
 from gputop_dl.probe.loader import sample_counter
@@ -38,6 +47,10 @@ from gputop_dl.probe.transport import Subscriber
 STEPS = 20_000
 PAIRS = 12
 PARTS: dict[str, list[tuple[float, float, float]]] = {}  # publisher, zmq I/O, close + rest
+KINDS = {
+    "list": "a list of numpy batches, each one counted",
+    "dataloader": "a torch DataLoader, counts from torch's batching",
+}
 
 CHILD = r"""
 import os, sys, time
@@ -62,7 +75,27 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
     return out
 
 STEPS = int(sys.argv[2])
-batches = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
+if sys.argv[3] == "dataloader":
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+
+    class Items(Dataset):
+        item = (np.zeros(3), 0)
+
+        def __len__(self):
+            return STEPS * 32
+
+        def __getitem__(self, i):
+            return self.item
+
+        def __getitems__(self, indices):
+            return [self.item] * len(indices)
+
+    batches = DataLoader(Items(), batch_size=32)
+else:
+    batches = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
 
 def work():  # ~100 us of Python
     x = 0
@@ -102,9 +135,9 @@ print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
 """
 
 
-def run(mode: str) -> tuple[float, float, float, int]:
+def run(mode: str, kind: str) -> tuple[float, float, float, int]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, mode, str(STEPS)],
+        [sys.executable, "-c", CHILD, mode, str(STEPS), kind],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -132,7 +165,8 @@ def run(mode: str) -> tuple[float, float, float, int]:
         sub.close()
     child.wait()
     cpu, wall, main_cpu, publisher, zmq_io = (float(x) for x in line.split())
-    PARTS.setdefault(mode, []).append((publisher, zmq_io, cpu - main_cpu - publisher - zmq_io))
+    rest = cpu - main_cpu - publisher - zmq_io
+    PARTS.setdefault(f"{mode} {kind}", []).append((publisher, zmq_io, rest))
     return cpu, wall, main_cpu, received
 
 
@@ -169,6 +203,11 @@ def components() -> None:
         for _ in p.watch(batches):
             pass
 
+    def known_loop() -> None:  # the path of a DataLoader's batch_plan, or samples=32
+        p._steps.clear()
+        for _ in p.watch(batches, samples=32):
+            pass
+
     def bare_loop() -> None:
         for _ in batches:
             pass
@@ -195,6 +234,8 @@ def components() -> None:
     watched = per_call_us(watched_loop, n)
     bare = statistics.median(per_call_us(bare_loop, n))
     print(f"  training thread, watch() around next():    {spread([w - bare for w in watched])}")
+    known = per_call_us(known_loop, n)
+    print(f"  the same, counts known (DataLoader):       {spread([w - bare for w in known])}")
     inference = per_call_us(sample_inference, n)
     print(f"  of which sample inference (per loader):     {spread(inference)}")
     for _ in range(15):
@@ -203,10 +244,20 @@ def components() -> None:
     print(f"  publisher thread, drain + encode:          {spread(drained)}")
 
 
+def two_clock_reads(batches: list[object]) -> Iterator[object]:
+    """The floor: what any timing of next() must do, and nothing else."""
+    perf = time.perf_counter
+    for batch in batches:
+        perf()
+        yield batch
+        perf()
+
+
 def in_context(p: Probe, batch: object) -> None:
     """The training-thread cost between real work: blocks of 2000 steps of ~100 us of
-    Python, watched and bare in turn (one process: no process-to-process noise); caches
-    are as cold as a real step leaves them, unlike the tight loops below."""
+    Python, each kind of loop in turn, in a shuffled order (one process: no
+    process-to-process noise); caches are as cold as a real step leaves them, unlike the
+    tight loops below. "two clock reads" is the floor any timing of next() pays."""
     n = 2_000
     batches = [batch] * n
 
@@ -216,26 +267,35 @@ def in_context(p: Probe, batch: object) -> None:
             x += i
         return x
 
-    diffs = []
-    for _ in range(20):
-        spent = {}
-        for mode in ("bare", "watched"):
+    loops: dict[str, Callable[[], Iterable[object]]] = {
+        "bare": lambda: batches,
+        "watched, each batch counted": lambda: p.watch(batches),
+        "watched, counts known": lambda: p.watch(batches, samples=32),
+        "two clock reads": lambda: two_clock_reads(batches),
+    }
+    spent: dict[str, list[float]] = {name: [] for name in loops}
+    rounds = 40
+    for _ in range(rounds):
+        order = list(loops)
+        random.shuffle(order)
+        for name in order:
             p._steps.clear()
-            loop = p.watch(batches) if mode == "watched" else batches
+            loop = loops[name]()
             c0 = time.thread_time()
             for _ in loop:
                 work()
-            spent[mode] = time.thread_time() - c0
-        diffs.append((spent["watched"] - spent["bare"]) / n * 1e6)
-    print(f"  training thread between ~100 us steps:     {spread(diffs)} (20 block pairs)")
+            spent[name].append((time.thread_time() - c0) / n * 1e6)
+    print(f"  training thread between ~100 us steps ({rounds} shuffled rounds, minus bare):")
+    for name in list(loops)[1:]:
+        diffs = [a - b for a, b in zip(spent[name], spent["bare"], strict=True)]
+        print(f"    {name + ':':<37}{spread(diffs)}")
 
 
-def main() -> None:
-    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
+def pairs_of(kind: str, pairs: int) -> None:
     cpu_costs, wall_costs, main_costs, bare_steps = [], [], [], []
     for i in range(pairs):
         order = ("bare", "probe") if i % 2 == 0 else ("probe", "bare")
-        results = {mode: run(mode) for mode in order}
+        results = {mode: run(mode, kind) for mode in order}
         (cpu_b, wall_b, main_b, _), (cpu_p, wall_p, main_p, got) = (
             results["bare"],
             results["probe"],
@@ -245,14 +305,22 @@ def main() -> None:
         main_costs.append((main_p - main_b) / STEPS * 1e6)
         wall_costs.append((wall_p - wall_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
-    print(f"probe cost per step, {pairs} interleaved subprocess pairs x {STEPS} steps")
+    print(f"probe cost per step over {KINDS[kind]}")
+    print(f"{pairs} interleaved subprocess pairs x {STEPS} steps")
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
     print(f"  of which the training thread's CPU:      {spread(main_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
-    parts = PARTS["probe"]
+    parts = PARTS[f"probe {kind}"]
     for i, name in enumerate(("publisher thread (loop)", "zmq I/O thread (loop)", "close + rest")):
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
+
+
+def main() -> None:
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
+    for kind in KINDS if which == "both" else (which,):
+        pairs_of(kind, pairs)
     components()
 
 

@@ -3,18 +3,25 @@ times in microseconds, the end after the message's base time), for the record sh
 training produces, what a 2 000-record steps message weighs, and the CPU a reader spends
 decoding it into float-seconds records (median and spread of repeats).
 
+Host-timed records are the rows the probe itself builds (``Probe._drain``): they stop at
+the last field that is set, as docs/protocol.md allows. The others come from
+``wire_rows``, which writes every field.
+
     python bench/wire_size.py
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from typing import Any
 
 import msgspec
 
-from gputop_dl.probe.messages import StepRecord, Steps
-from gputop_dl.probe.protocol import decode, encode, wire_rows
+from gputop_dl.probe.core import Probe, _DrainState
+from gputop_dl.probe.messages import StepRecord
+from gputop_dl.probe.protocol import decode, encode_steps, wire_rows
 
 REPEATS = 30
 
@@ -29,12 +36,27 @@ SHAPES = {
 }
 
 
+def probe_rows(records: tuple[StepRecord, ...]) -> tuple[float, list[Any]]:
+    """The probe's own rows for host-timed ``records`` (CUDA-timed ones: wire_rows)."""
+    if records[-1].device_s is not None:
+        return wire_rows(records)
+    os.environ["GPUTOP_DISABLE"] = "1"  # no socket, no thread: only the drain is used
+    p = Probe(name="wire-size")
+    for r in records:  # perf_counter-like times: the end as given, the start a period before
+        t0 = r.end_time - r.period_s
+        t1 = -1.0 if r.wait_s is None else t0 + r.wait_s
+        p._steps.append((r.index, t0, t1, r.end_time, r.samples, None, None))
+    base, rows = p._drain(_DrainState(), 0.0, force=True)
+    p.close()
+    return base, rows
+
+
 def main() -> None:
     print("bytes per step record, 100 ms into its message (goal <= 40)")
     for name, record in SHAPES.items():
         # the message's first step ended 100 ms earlier (one flush): a typical offset
         first = StepRecord(record.index - 8, record.end_time - 0.1, 0.0123, None, None)
-        _base, rows = wire_rows((first, record))
+        _base, rows = probe_rows((first, record))
         print(f"  {name:<28} {len(msgspec.msgpack.encode(rows[1])):>4} B")
     for name, record in SHAPES.items():
         n = 2_000
@@ -46,7 +68,8 @@ def main() -> None:
             )
             for i in range(n)
         )
-        frames = encode(Steps("node-1:12345", records, 10, 0))
+        base, rows = probe_rows(records)
+        frames = encode_steps("node-1:12345", base, rows, 10, 0, 0)
         size = len(frames[1])
         costs = []
         for _ in range(REPEATS):

@@ -81,7 +81,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _Raw = tuple[int, float, float, float, Any, Any, Any]
 # A step record in its wire form (StepRecord field order, docs/protocol.md): durations
 # in integer microseconds, the end in microseconds after its batch's base time.
-_Wire = tuple[int, int, int, int | None, Any, Any, Any, Any, Any]
+# A shorter row takes the defaults of the missing trailing fields (docs/protocol.md):
+# host-timed rows end at `samples` (5 fields), or at `phases` (8).
+_Wire = tuple[Any, ...]
 _US = float(MICROS)
 
 
@@ -157,7 +159,7 @@ class Probe:
         *,
         sample_host: bool | None = None,
         system_interval_s: float = 1.0,
-        flush_interval_s: float = 0.1,
+        flush_interval_s: float = 0.2,
         data_path: str | None = None,
         role: str = "probe",
         insecure: bool | None = None,
@@ -650,7 +652,6 @@ class Probe:
                         None,
                         None,
                         _phase_items(phases.pop(i, None)),
-                        None,
                     )
                     for i, t0, t1, tn, n, _s, _e in raws
                 ]
@@ -663,10 +664,6 @@ class Probe:
                     trunc((tn - t0) * _US + 0.5),
                     None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
                     n,
-                    None,
-                    None,
-                    (),
-                    None,
                 )
                 for i, t0, t1, tn, n, _s, _e in raws
             ]

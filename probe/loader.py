@@ -338,3 +338,55 @@ def sample_counter() -> Callable[[Any], int | None]:
         return infer_samples(batch)
 
     return count
+
+
+def batch_plan(iterable: Any) -> tuple[int, int, int] | None:
+    """(batch size, position of the last batch, samples in the last batch) for the coming
+    pass of a torch DataLoader whose counts are fixed by torch itself, else None.
+
+    torch's own ``BatchSampler`` over a sized sampler yields ``len(batch_sampler)``
+    batches of ``batch_size`` indices, only the last one possibly short, and
+    ``default_collate`` stacks each index's sample along a new first dimension: every
+    batch but the last holds ``batch_size`` samples, a fact, without looking at the
+    batch (looking costs a few microseconds per step between real steps:
+    bench/probe_overhead.py). A custom collate function, sampler or batch sampler, a
+    DataLoader subclass, an IterableDataset or ``in_order=False`` may change the count or
+    the order: those are counted per batch.
+    Reads attributes only (training thread, once per pass); never raises.
+    """
+    try:
+        cls = type(iterable)
+        if cls.__name__ != "DataLoader" or cls.__module__ != "torch.utils.data.dataloader":
+            return None
+        if _get(iterable, "_dataset_kind") != 0:  # torch's _DatasetKind.Map
+            return None
+        collate = _get(iterable, "collate_fn")
+        if (
+            _get(collate, "__name__") != "default_collate"
+            or _get(collate, "__module__") != "torch.utils.data._utils.collate"
+        ):
+            return None
+        batch_sampler = _get(iterable, "batch_sampler")
+        sampler_cls = type(batch_sampler)
+        if sampler_cls.__name__ != "BatchSampler" or sampler_cls.__module__ != (
+            "torch.utils.data.sampler"
+        ):
+            return None
+        # torch's samplers report their length exactly; another one may not, and a short
+        # batch before the last would then be counted as full.
+        sampler_module = type(_get(batch_sampler, "sampler")).__module__
+        if not sampler_module.startswith("torch.utils.data."):
+            return None
+        if _get(iterable, "in_order") is False:  # workers' batches in any order: which is short?
+            return None
+        size = _int_or_none(_get(batch_sampler, "batch_size"))
+        if size is None or size <= 0:
+            return None
+        samples = len(batch_sampler.sampler)
+        batches = len(batch_sampler)
+        if batches < 2:  # the first batch is counted anyway
+            return None
+        short = samples - (batches - 1) * size  # drop_last: len() left the rest out
+        return size, batches - 1, short if 0 < short < size else size
+    except Exception:  # a sampler without len(), a property that raises: count per batch
+        return None

@@ -110,8 +110,10 @@ class StallWatch:
         step in progress (steps published so far); ``periods_us``: recent step periods."""
         if not in_loop or last_end is None or self.taken_for == next_index:
             return None
-        limit = stall_threshold(periods_us)
         stalled = now - last_end
+        if stalled <= STALL_MIN_S:  # the usual case: no median of the periods needed
+            return None
+        limit = stall_threshold(periods_us)
         if limit is None or stalled <= limit:
             return None
         self.taken_for = next_index

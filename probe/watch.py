@@ -110,13 +110,29 @@ class Watched(Generic[T]):
             open_step = probe._open_step
             close_step = probe._close_step
             append = probe._steps.append
+            # Steps whose count is known without looking at the batch (batch_plan):
+            # those before position `known` hold `full` samples, the one at `known` (the
+            # pass's last) `last`. The first batch is counted all the same: if it
+            # disagrees, every batch is counted.
+            plan = self._plan()
+            full = last = 0
+            known = -1
             t0 = perf()
-            for batch in iterator:
+            for position, batch in enumerate(iterator):
                 t1 = perf()
-                try:
-                    n = count(batch)
-                except Exception:  # a user's counting function must not stop training
-                    n = None
+                n: int | None
+                if position < known:
+                    n = full
+                elif position == known:
+                    n = last
+                else:
+                    try:
+                        n = count(batch)
+                    except Exception:  # a user's counting function must not stop training
+                        n = None
+                    if position == 0 and plan is not None and n in (None, plan[0]):
+                        full, known, last = plan
+                        n = full
                 # Host timing settled (no CUDA events): _open_step and _close_step
                 # inlined, the step's times kept here, nothing allocated but the record
                 # (two thirds of this loop's cost; bench/probe_overhead.py).
@@ -150,6 +166,16 @@ class Watched(Generic[T]):
             raise  # bare raise: the loader's own exception and traceback, not chained
         finally:
             probe._loop_left(how)
+
+    def _plan(self) -> tuple[int, int, int] | None:
+        """The pass's counts known before it starts (see loader.batch_plan): a fixed
+        ``samples=``, or torch's own batching."""
+        samples = self._samples
+        if isinstance(samples, int) and not isinstance(samples, bool):
+            return (samples, sys.maxsize, samples) if samples >= 0 else None
+        if samples is not None:  # the user's function decides, batch by batch
+            return None
+        return loader.batch_plan(self._iterable)
 
     def _pass_info(self, iterator: Any) -> LoaderInfo | None:
         """This pass's LoaderInfo: the settings (read once) plus this epoch's worker pids."""
