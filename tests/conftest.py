@@ -28,3 +28,16 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         monkeypatch.delenv(name, raising=False)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def no_probe_left_behind() -> Iterator[None]:
+    """A probe a test forgot would be every later test's probe (one per process)."""
+    from gputop_dl.probe.core import current
+    from tests.wire_reader import WireReader
+
+    yield
+    live = current()
+    if live is not None:
+        live.close()
+    WireReader.close_all()

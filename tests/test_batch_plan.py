@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from gputop_dl import probe
-from gputop_dl.probe.core import current
 from gputop_dl.probe.loader import batch_plan
 from tests.wire_reader import WireReader
 
@@ -29,14 +28,7 @@ from torch.utils.data import (  # noqa: E402
     TensorDataset,
 )
 
-
-@pytest.fixture(autouse=True)
-def _no_probe_left_behind() -> Iterator[None]:
-    yield
-    live = current()
-    if live is not None:
-        live.close()
-    WireReader.close_all()
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
 
 
 def tensors(n: int = 10) -> TensorDataset:

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +21,13 @@ import zmq
 
 from gputop_dl import probe
 from gputop_dl.probe import discovery
-from gputop_dl.probe.core import current
 from gputop_dl.probe.loader import infer_samples, sample_counter
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _no_probe_left_behind() -> Iterator[None]:
-    """A probe a test forgot would be every later test's probe (one per process)."""
-    yield
-    live = current()
-    if live is not None:
-        live.close()
-    WireReader.close_all()
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
 
 
 def free_port() -> int:
