@@ -24,7 +24,8 @@ probe's cost, so the last section also profiles the probe's own parts in this pr
 steps (blocks of watched and bare steps in turn: caches as a real step leaves them) and
 in a tight loop (what ``watch`` adds around ``next()``: two clock reads, the sample
 count, the record), and the publisher's per-step work (drain to wire records, msgspec
-encoding).
+encoding). Last, the publisher thread's share of a core when steps are slow (10 ms):
+its per-wake-up cost.
 
     python bench/probe_overhead.py [pairs] [list|dataloader|both]
 """
@@ -316,12 +317,60 @@ def pairs_of(kind: str, pairs: int) -> None:
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
 
+SLOW_CHILD = r"""
+import os, sys, threading, time
+from gputop_dl import probe
+from gputop_dl.probe.transport import Subscriber
+
+p = probe.Probe(name="slow", listen="tcp://127.0.0.1:*", system_interval_s=0)
+sub = Subscriber()
+sub.connect(p.endpoint)
+time.sleep(1.0)  # attached, the first hello and facts sent
+seconds = float(sys.argv[1])
+stop = time.monotonic() + seconds
+def read():  # the subscriber's own CPU is this thread's, not the publisher's
+    while time.monotonic() < stop + 1:
+        sub.receive(0.05, max_messages=100_000)
+threading.Thread(target=read, daemon=True).start()
+tid = p._thread.native_id
+def cpu():
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+c0, t0 = cpu(), time.monotonic()
+for _ in p.watch(range(10**9)):
+    time.sleep(0.01)  # a 10 ms step: the GPU's, say
+    if time.monotonic() > stop:
+        break
+print((cpu() - c0) / (time.monotonic() - t0) * 100)
+"""
+
+
+def slow_steps(repeats: int = 3, seconds: float = 10.0) -> None:
+    """The publisher thread's share of a core when steps are slow (100 steps/s): there
+    each wake-up's fixed cost, not the per-step work, is what the probe costs."""
+    shares = [
+        float(
+            subprocess.run(
+                [sys.executable, "-c", SLOW_CHILD, str(seconds)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()[-1]
+        )
+        for _ in range(repeats)
+    ]
+    print(f"publisher thread at 100 steps/s ({repeats} x {seconds:.0f} s): ", end="")
+    print(f"median {statistics.median(shares):.2f} % of a core", end="")
+    print(f" ({min(shares):.2f}..{max(shares):.2f})")
+
+
 def main() -> None:
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
     which = sys.argv[2] if len(sys.argv) > 2 else "both"
     for kind in KINDS if which == "both" else (which,):
         pairs_of(kind, pairs)
     components()
+    slow_steps()
 
 
 if __name__ == "__main__":
