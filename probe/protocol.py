@@ -321,28 +321,42 @@ class StepRows(Sequence[StepRecord]):
     PLAUSIBLE_SAMPLES (the decoder checked). Equal to any sequence of the same StepRecords.
     """
 
-    __slots__ = ("_records", "base", "plausible", "rows")
+    __slots__ = ("_count", "_records", "base", "plausible", "rows")
 
     def __init__(self, base: float, rows: tuple[WireStep, ...], *, plausible: bool) -> None:
         self.base = base
-        self.rows = rows
+        # None once the records are made: they say all, and the rows' memory goes.
+        self.rows: tuple[WireStep, ...] | None = rows
         self.plausible = plausible
+        self._count = len(rows)
         self._records: tuple[StepRecord, ...] | None = None
 
     def records(self) -> tuple[StepRecord, ...]:
-        """The StepRecords, converted once (a race between two threads converts twice,
-        to equal tuples: harmless)."""
+        """The StepRecords, made once, on the thread that reads them."""
         records = self._records
         if records is None:
+            assert self.rows is not None
             records = self._records = _records_from_rows(self.base, self.rows)
+            self.rows = None
         return records
 
     def end_at(self, position: int) -> float:
-        """The Unix end time of one record, without converting the others."""
-        return self.base + self.rows[position].end_us / MICROS
+        """The Unix end time of one record, without making the others."""
+        rows = self.rows
+        if rows is None:
+            return self.records()[position].end_time
+        return self.base + rows[position].end_us / MICROS
+
+    def periods(self, start: int) -> list[float]:
+        """The periods (seconds) of the records from ``start`` on, without making them."""
+        rows = self.rows
+        if rows is None:
+            return [record.period_s for record in self.records()[start:]]
+        us = float(MICROS)
+        return [row.period_us / us for row in rows[start:]]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._count
 
     @overload
     def __getitem__(self, position: int) -> StepRecord: ...

@@ -11,7 +11,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
-from gputop_dl.probe.protocol import MICROS, StepRows
+from gputop_dl.probe.protocol import MICROS, StepRows, WireStep
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
@@ -176,8 +176,9 @@ class Run:
         if (
             type(records) is StepRows
             and records.plausible
+            and records.rows is not None  # not yet read as records
             and len(records.rows) <= MAX_STEP_RECORDS
-            and self._add_rows(records, received)
+            and self._add_rows(records, records.rows, received)
         ):
             return 0
         throughput = self.throughput
@@ -192,10 +193,9 @@ class Run:
             self._took(accepted, len(accepted), accepted[-1].index, samples, received)
         return invalid
 
-    def _add_rows(self, records: StepRows, received: float) -> bool:
+    def _add_rows(self, records: StepRows, rows: tuple[WireStep, ...], received: float) -> bool:
         """The hot path: a decoded message's rows checked and bucketed in one pass and
         kept as rows. False, with nothing changed, when a row needs the general path."""
-        rows = records.rows
         last = self.last_index
         if not rows or (
             last is not None and rows[-1].index <= last and max(map(_index, rows)) <= last
@@ -225,8 +225,8 @@ class Run:
         self.total_samples += samples
         if not self.samples_known:  # looked at until a record reports its batch size
             # The rows when it has them: no StepRecord made for this.
-            rows = accepted.rows if type(accepted) is StepRows else accepted
-            self.samples_known = any(n is not None for n in map(_samples, rows))
+            rows = accepted.rows if type(accepted) is StepRows else None
+            self.samples_known = any(n is not None for n in map(_samples, rows or accepted))
         steps = self.steps
         steps.extend(accepted, count)
         throughput = self.throughput

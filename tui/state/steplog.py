@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 
 from gputop_dl.probe.messages import StepRecord
-from gputop_dl.probe.protocol import MICROS, StepRows
+from gputop_dl.probe.protocol import StepRows
 
 
 def _end_at(chunk: Sequence[StepRecord], position: int) -> float:
@@ -32,8 +32,8 @@ class StepLog:
         self._chunks: deque[Sequence[StepRecord]] = deque()
         self._skip = 0  # records of the first chunk already dropped
         self._len = 0
-        # The end of the oldest record (inf: none): drop_before looks no further when it
-        # is recent, without a call per message.
+        # The end of the oldest record, or earlier (popleft leaves it behind); inf: none.
+        # drop_before need not be called while it is recent.
         self.oldest_end = math.inf
 
     def __len__(self) -> int:
@@ -55,14 +55,21 @@ class StepLog:
             self.oldest_end = _end_at(chunk, 0)
 
     def popleft(self) -> None:
-        """Drop the oldest record (without making a StepRecord of it)."""
+        """Drop the oldest record (without making a StepRecord of it). Called in a loop
+        by whoever trims many runs: ``oldest_end`` is left as it is (only records that
+        ended later remain)."""
         if not self._len:
             raise IndexError("pop from an empty StepLog")
-        self._drop(1)
+        self._len -= 1
+        self._skip += 1
+        if self._skip == len(self._chunks[0]):
+            self._chunks.popleft()
+            self._skip = 0
 
     def drop_before(self, end: float, keep: int) -> None:
         """Drop the records that ended before ``end``, but never the newest ``keep``."""
         chunks = self._chunks
+        self.oldest_end = _end_at(chunks[0], self._skip) if chunks else math.inf
         while self._len > keep and self.oldest_end < end:
             first = chunks[0]
             whole = len(first) - self._skip
@@ -88,13 +95,11 @@ class StepLog:
         """The periods (seconds) of the newest ``count`` records, newest first, read from
         the rows of chunks nobody has read as records."""
         periods: list[float] = []
-        us = float(MICROS)
         for position, chunk in enumerate(reversed(self._chunks)):
             skip = self._skip if position == len(self._chunks) - 1 else 0
             want = count - len(periods)
             if type(chunk) is StepRows:
-                rows = chunk.rows[max(skip, len(chunk) - want) :]
-                periods.extend(row.period_us / us for row in reversed(rows))
+                periods.extend(reversed(chunk.periods(max(skip, len(chunk) - want))))
             else:
                 records = chunk[max(skip, len(chunk) - want) :]
                 periods.extend(record.period_s for record in reversed(records))

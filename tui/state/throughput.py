@@ -44,6 +44,9 @@ class Throughput:
         # The earliest end for which finish_until closes a bucket: the end of the bucket
         # after the newest finished one. Before it, a call does nothing (callers skip it).
         self.close_at = -math.inf
+        # The bucket the newest rows of add_rows fell in: most of the next message's rows
+        # fall in it too, and need not look for theirs.
+        self._newest: int | None = None
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Spread each record (validated: finite, non-negative durations, newer than the
@@ -151,8 +154,11 @@ class Throughput:
         puts: list[tuple[int, int, int, float, float, float, float, float]] = []
         spreads: list[tuple[float, float, int, int, float, int, float | None, float | None]]
         spreads = []
-        current = None  # the bucket summed in the locals below, as in add()
-        lo, hi = math.inf, -math.inf
+        current = self._newest  # the bucket summed in the locals below, as in add()
+        if current is not None and (self._last_final is None or current > self._last_final):
+            lo, hi = (current * BUCKET_S - base) * us, ((current + 1) * BUCKET_S - base) * us
+        else:
+            current, lo, hi = None, math.inf, -math.inf
         # Counts in ints (an int added to a float takes Python's slow path).
         samples = steps = 0
         covered = wait_s = wait_cov = device_s = device_cov = 0.0
@@ -187,7 +193,7 @@ class Throughput:
                     )
                     spreads.append(spread)
                     continue
-                if current is not None:
+                if steps and current is not None:
                     puts.append(
                         (current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
                     )
@@ -206,7 +212,7 @@ class Throughput:
                 device_s += device if device < period else period
         if not rows or prev_end > (received + MAX_SKEW_S - base) * us:
             return None if rows else 0  # the newest row too far ahead of the viewer
-        if current is not None:
+        if steps and current is not None:
             puts.append((current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov))
         total = 0
         buckets = self._open
@@ -228,6 +234,7 @@ class Throughput:
         end_s = base + prev_end / us
         if self.last_end is None or end_s > self.last_end:
             self.last_end = end_s
+        self._newest = current
         return total
 
     def _put(
