@@ -332,11 +332,15 @@ class StepRows(Sequence[StepRecord]):
         self._records: tuple[StepRecord, ...] | None = None
 
     def records(self) -> tuple[StepRecord, ...]:
-        """The StepRecords, made once, on the thread that reads them."""
+        """The StepRecords, made once (the records are set before the rows go: a reader
+        on another thread that finds no rows finds the records)."""
         records = self._records
         if records is None:
-            assert self.rows is not None
-            records = self._records = _records_from_rows(self.base, self.rows)
+            rows = self.rows
+            if rows is None:  # made meanwhile, on another thread
+                assert self._records is not None
+                return self._records
+            records = self._records = _records_from_rows(self.base, rows)
             self.rows = None
         return records
 

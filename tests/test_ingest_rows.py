@@ -13,6 +13,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputop_dl.probe import protocol
 from gputop_dl.probe.messages import StepRecord, Steps
@@ -248,3 +250,39 @@ def test_step_rows_equal_the_records_they_stand_for() -> None:
     assert list(reversed(message.records)) == list(reversed(records))
     assert message.records.end_at(2) == records[2].end_time
     assert message.records != records[:2]
+
+
+LIMIT_US = 86_400 * 1_000_000
+micros = st.sampled_from([0, 1, 6_667, 10_000, 499_999, 500_000, LIMIT_US, LIMIT_US + 1])
+row = st.tuples(
+    st.integers(0, 40),  # index: repeats and goes backwards now and then
+    st.integers(0, 3_000_000) | st.sampled_from([0, 10**12]),  # end after base
+    micros | st.integers(0, 2_000_000),  # period
+    st.none() | micros | st.integers(0, 2_000_000),  # wait
+    st.none() | st.sampled_from([0, 8, 1_000_000_000, 1_000_000_001]),  # samples
+    st.none() | micros,  # device
+    st.none() | micros,  # device idle
+    st.just([]) | st.just([["forward", 3_000]]) | st.just([["x", LIMIT_US + 1]]),
+    st.none() | st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=st.lists(st.lists(row, min_size=1, max_size=12), min_size=1, max_size=6))
+def test_any_rows_take_either_path_to_the_same_state(messages: list[list[tuple[Any, ...]]]) -> None:
+    """Whatever rows arrive (sorted or not, replayed, at and over every limit), the hot
+    path and the general path keep, count and bucket the same."""
+    hot, plain = Run(SID, 60.0), Run(SID, 60.0)
+    for number, rows in enumerate(messages):
+        frames = encode_steps(SID, T0, rows, number, 0, 0)
+        received = T0 + 2.0
+        decoded, twin = decode(frames), decode(frames)
+        assert isinstance(decoded, Steps) and isinstance(twin, Steps)
+        assert hot.add_steps(decoded, received) == plain.add_steps(general(twin), received)
+    for run in (hot, plain):
+        run.throughput.finish_until(T0 + 400.0)
+    same(seen(hot), seen(plain))
+    kept = list(hot.steps)
+    assert [r.index for r in kept] == sorted({r.index for r in kept})  # new ones only
+    assert all(0 < r.period_s <= 86_400 or r.period_s == 0 for r in kept)
+    assert all(r.wait_s is None or r.wait_s <= r.period_s for r in kept)
