@@ -9,9 +9,9 @@ else. Nothing is ever unpickled. See ``docs/protocol.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import attrgetter
-from typing import Annotated, Any
+from typing import Annotated, Any, overload
 
 import msgspec
 
@@ -88,12 +88,12 @@ class _SourceOnly(msgspec.Struct):
 # Step records on the wire (docs/protocol.md, "StepRecord"): integers, not floats. A
 # msgpack float costs 9 bytes, a duration in microseconds 3 (under 65 ms) or 5; the end
 # time is an offset from the message's `base_time`. The viewer's StepRecord keeps floats
-# in seconds: the decoder converts.
+# in seconds: StepRows converts when a record is first read.
 MICROS = 1_000_000
 TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time)
 # A duration: [0, 1e7] s. Read as a whole float: msgspec turns the msgpack integer into a
-# float in C, and the conversion to seconds below divides a float by a float, which
-# Python does faster than an int by a float (the viewer's hot path). multiple_of keeps
+# float in C, and the viewer's ingest compares and sums these with floats, which Python
+# does faster than an int with a float (its hot path). multiple_of keeps
 # every fraction out (a writer sends integers; a whole float would be read the same).
 _Micros = Annotated[float, msgspec.Meta(ge=0, le=1e13, multiple_of=1)]
 _MAX_OFFSET_S = 1e7
@@ -103,7 +103,7 @@ _phases = attrgetter("phases")
 
 # gc=False: a record holds numbers, strings and tuples of them (no cycles possible), so
 # the collector need not track the many thousands a viewer decodes.
-class _WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
+class WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
     index: Count
     end_us: _Micros  # the step's end, microseconds after the message's base_time
     period_us: _Micros
@@ -118,10 +118,44 @@ class _WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
 class _WireSteps(msgspec.Struct):
     source_id: Str
     base_time: Time
-    records: Annotated[tuple[_WireStep, ...], msgspec.Meta(max_length=MAX_RECORDS)]
+    records: Annotated[tuple[WireStep, ...], msgspec.Meta(max_length=MAX_RECORDS)]
     sent: Count
     dropped: Count
     dropped_steps: Count = 0
+
+
+# Plausible rows: within the limits a viewer applies to each record (tui.state.clean):
+# durations up to a day, at most 1e9 samples a step. Nearly every message's rows are;
+# decoding against these first checks them in C, where the decoder checks the protocol's
+# own limits anyway, so that the viewer need not look at these values again (the steps
+# decoder falls back to the protocol's limits when a row is not plausible).
+PLAUSIBLE_DURATION_S = 86_400.0
+PLAUSIBLE_SAMPLES = 1_000_000_000
+_PlausibleMicros = Annotated[
+    float, msgspec.Meta(ge=0, le=PLAUSIBLE_DURATION_S * MICROS, multiple_of=1)
+]
+_PlausibleCount = Annotated[int, msgspec.Meta(ge=0, le=PLAUSIBLE_SAMPLES)]
+
+
+class _PlausibleStep(WireStep, array_like=True, frozen=True, gc=False):
+    period_us: _PlausibleMicros
+    wait_us: _PlausibleMicros | None
+    samples: _PlausibleCount | None
+    device_us: _PlausibleMicros | None = None
+    device_idle_us: _PlausibleMicros | None = None
+    phases: Annotated[tuple[tuple[Str, _PlausibleMicros], ...], msgspec.Meta(max_length=64)] = ()
+
+
+class _PlausibleSteps(_WireSteps):
+    records: Annotated[tuple[_PlausibleStep, ...], msgspec.Meta(max_length=MAX_RECORDS)]
+
+
+class _PlausibleStepsMessage(msgspec.Struct):
+    """A whole ``steps`` payload, envelope and body decoded at once."""
+
+    v: tuple[_Version, _Version]
+    kind: _Short
+    body: _PlausibleSteps
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -131,7 +165,11 @@ _decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {
     kind: msgspec.msgpack.Decoder(_WireSteps if cls is Steps else cls)
     for kind, cls in KINDS.items()
 }
+_plausible_steps = msgspec.msgpack.Decoder(_PlausibleSteps)
+_plausible_steps_message = msgspec.msgpack.Decoder(_PlausibleStepsMessage)
+_steps_decoder = _decoders["steps"]
 _TOPICS = {kind: TOPIC_PREFIX + kind.encode() for kind in KINDS}
+_STEPS_TOPIC = _TOPICS["steps"]
 
 
 def topic(kind: str) -> bytes:
@@ -220,6 +258,17 @@ def _decode(frames: Sequence[bytes]) -> Message:
         raise MalformedMessage(f"unknown topic {topic_frame[:40]!r}")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise MalformedMessage(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    if topic_frame == _STEPS_TOPIC:
+        # Most messages: envelope and plausible body in one pass. Anything else about
+        # them (another version, another kind, a row beyond the plausible limits, an
+        # error) is left to the general path below, which tells what it is.
+        try:
+            steps = _plausible_steps_message.decode(payload)
+        except msgspec.MsgspecError:
+            pass
+        else:
+            if steps.v[0] == PROTOCOL_MAJOR and steps.kind == "steps":
+                return _steps_from_wire(steps.body, plausible=True)
     try:
         env = _envelope.decode(payload)
     except msgspec.MsgspecError as exc:
@@ -235,17 +284,21 @@ def _decode(frames: Sequence[bytes]) -> Message:
         raise UnknownKind(f"unknown message kind {env.kind!r}")
     if topic_frame != _TOPICS[env.kind]:
         raise MalformedMessage(f"topic {topic_frame!r} does not match kind {env.kind!r}")
+    if decoder is _steps_decoder:
+        try:
+            return _steps_from_wire(_plausible_steps.decode(env.body), plausible=True)
+        except msgspec.ValidationError:
+            pass  # a row beyond the plausible limits: the protocol's own decide
     try:
         message: Message = decoder.decode(env.body)
     except msgspec.MsgspecError as exc:
         raise MalformedMessage(f"{env.kind}: {exc}") from None
     if type(message) is _WireSteps:
-        return _steps_from_wire(message)
+        return _steps_from_wire(message, plausible=False)
     return message
 
 
-def _steps_from_wire(wire: _WireSteps) -> Steps:
-    """Seconds and Unix times again: the viewer's records are floats."""
+def _steps_from_wire(wire: _WireSteps, *, plausible: bool) -> Steps:
     base, rows = wire.base_time, wire.records
     # An offset is at most 1e7 s: only a base that close to the limit needs a look at each.
     if (
@@ -254,9 +307,93 @@ def _steps_from_wire(wire: _WireSteps) -> Steps:
         and base + max(map(_end_us, rows)) / MICROS > TIME_MAX
     ):
         raise MalformedMessage("steps: a record ends after the year 2286")
+    records = StepRows(base, rows, plausible=plausible)
+    return Steps(wire.source_id, records, wire.sent, wire.dropped, wire.dropped_steps)
+
+
+class StepRows(Sequence[StepRecord]):
+    """The records of a decoded ``steps`` message as they came: wire rows, microseconds
+    after ``base``, made StepRecords (seconds, Unix times) only when first read.
+
+    A viewer takes in every step but reads few of them as records (the analyzer's window,
+    an export): its ingest reads ``base`` and ``rows`` directly, so a record it never reads
+    costs no conversion. ``plausible``: every row is within PLAUSIBLE_DURATION_S and
+    PLAUSIBLE_SAMPLES (the decoder checked). Equal to any sequence of the same StepRecords.
+    """
+
+    __slots__ = ("_count", "_records", "base", "plausible", "rows")
+
+    def __init__(self, base: float, rows: tuple[WireStep, ...], *, plausible: bool) -> None:
+        self.base = base
+        # None once the records are made: they say all, and the rows' memory goes.
+        self.rows: tuple[WireStep, ...] | None = rows
+        self.plausible = plausible
+        self._count = len(rows)
+        self._records: tuple[StepRecord, ...] | None = None
+
+    def records(self) -> tuple[StepRecord, ...]:
+        """The StepRecords, made once (the records are set before the rows go: a reader
+        on another thread that finds no rows finds the records)."""
+        records = self._records
+        if records is None:
+            rows = self.rows
+            if rows is None:  # made meanwhile, on another thread
+                assert self._records is not None
+                return self._records
+            records = self._records = _records_from_rows(self.base, rows)
+            self.rows = None
+        return records
+
+    def end_at(self, position: int) -> float:
+        """The Unix end time of one record, without making the others."""
+        rows = self.rows
+        if rows is None:
+            return self.records()[position].end_time
+        return self.base + rows[position].end_us / MICROS
+
+    def periods(self, start: int) -> list[float]:
+        """The periods (seconds) of the records from ``start`` on, without making them."""
+        rows = self.rows
+        if rows is None:
+            return [record.period_s for record in self.records()[start:]]
+        us = float(MICROS)
+        return [row.period_us / us for row in rows[start:]]
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, position: int) -> StepRecord: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> tuple[StepRecord, ...]: ...
+
+    def __getitem__(self, position: int | slice) -> StepRecord | tuple[StepRecord, ...]:
+        return self.records()[position]
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(self.records())
+
+    def __reversed__(self) -> Iterator[StepRecord]:
+        return reversed(self.records())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepRows):
+            other = other.records()
+        return isinstance(other, Sequence) and self.records() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self.records())
+
+    def __repr__(self) -> str:
+        return f"StepRows({self.records()!r})"
+
+
+def _records_from_rows(base: float, rows: tuple[WireStep, ...]) -> tuple[StepRecord, ...]:
+    """Seconds and Unix times again: the viewer's records are floats."""
     us = float(MICROS)
     sr = StepRecord
-    # One comprehension, each field read once (the walrus names): the viewer's hot path.
+    # One comprehension, each field read once (the walrus names).
     records = [
         sr(
             r.index,
@@ -282,16 +419,20 @@ def _steps_from_wire(wire: _WireSteps) -> Steps:
             else record
             for record, row in zip(records, rows, strict=True)
         ]
-    return Steps(wire.source_id, tuple(records), wire.sent, wire.dropped, wire.dropped_steps)
+    return tuple(records)
 
 
 __all__ = [
+    "PLAUSIBLE_DURATION_S",
+    "PLAUSIBLE_SAMPLES",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "IncompatibleVersion",
     "MalformedMessage",
     "ProtocolError",
+    "StepRows",
     "UnknownKind",
+    "WireStep",
     "decode",
     "encode",
     "encode_steps",

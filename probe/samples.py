@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
+import msgspec
 from msgspec import Meta
 
 # Bounds a reader enforces while decoding (``docs/protocol.md``, "Limits"): a value
@@ -41,9 +42,13 @@ class SourceStatus:
     message: Str = ""
 
 
-@dataclass(frozen=True)
-class CpuCore:
-    """One logical core over the last sampling interval, percent of that core's time."""
+class CpuCore(msgspec.Struct, frozen=True, gc=False):
+    """One logical core over the last sampling interval, percent of that core's time.
+
+    A msgspec Struct, not a dataclass like the other samples: a node sample carries one
+    per core (64 and more), and a viewer decodes a Struct ~3x faster. On the wire it is
+    the same map of the same fields. Not tracked by the garbage collector: numbers only.
+    """
 
     index: Count
     user_pct: Num | None  # user + nice

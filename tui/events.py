@@ -8,12 +8,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from gputop_dl.probe.messages import Message
 
 
-@dataclass(frozen=True)
-class Received:
-    """A decoded message. ``received`` is the viewer's Unix time of arrival."""
+class Received(msgspec.Struct, frozen=True, gc=False):
+    """A decoded message. ``received`` is the viewer's Unix time of arrival.
+
+    One per message, made on the source's thread: a Struct is made several times faster
+    than a frozen dataclass. Not tracked by the garbage collector: a message holds no
+    reference back to anything that could hold this.
+    """
 
     message: Message
     received: float

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 from gputop_dl.tui.events import Source, SourceEvent
 from gputop_dl.tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
 from gputop_dl.tui.source import ZmqSource
@@ -94,11 +96,11 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
             {"host": link.host, "state": link.state, "detail": link.detail} for link in state.links
         ],
         "systems": {
-            name: dataclasses.asdict(sample)
+            name: msgspec.to_builtins(sample)  # cores are msgspec Structs: not asdict
             for name in state.agent_only_hosts()
             if (sample := state.host_system(name)) is not None and name != host
         },
-        "system": dataclasses.asdict(system) if system is not None else None,
+        "system": msgspec.to_builtins(system) if system is not None else None,
         "errors": [e.text for e in state.errors],
         # The selected run's job (else the largest one), and every job.
         "job": job_json(selected) if selected is not None else _largest(jobs),

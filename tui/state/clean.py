@@ -16,14 +16,17 @@ from typing import Any, TypeVar
 import msgspec
 
 from gputop_dl.probe.messages import Hello, Stack, StepRecord
+from gputop_dl.probe.protocol import PLAUSIBLE_DURATION_S, PLAUSIBLE_SAMPLES
 from gputop_dl.probe.samples import SystemSample
 
 T = TypeVar("T")
 
 MAX_TEXT = 200  # characters of any one wire string shown
 MAX_SKEW_S = 86_400.0  # a probe's clock may differ from the viewer's, not by more than a day
-MAX_DURATION_S = 86_400.0  # a step, a wait, an interval: longer is a broken clock
-MAX_SAMPLES = 1_000_000_000  # per step
+# A step, a wait, an interval: longer is a broken clock. The steps decoder checks rows
+# against these two (protocol.StepRows.plausible), so that the ingest need not.
+MAX_DURATION_S = PLAUSIBLE_DURATION_S
+MAX_SAMPLES = PLAUSIBLE_SAMPLES  # per step
 MAX_CORES = 1024  # the largest real nodes have 512 logical cores
 MAX_DEVICES = 64  # GPUs / HPUs per node
 MAX_LIST = 64  # disks, interfaces, statuses

@@ -11,10 +11,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
+from gputop_dl.probe.protocol import MICROS, StepRows, WireStep
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
 from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
+from gputop_dl.tui.state.steplog import StepLog
 from gputop_dl.tui.state.throughput import BUCKET_S, Throughput
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not 
 OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second ...
 OWN_SAMPLES_S = 120.0  # ... and none older than two minutes
 _samples = attrgetter("samples")
+_index = attrgetter("index")
 
 
 class Run:
@@ -43,7 +46,7 @@ class Run:
         self._window_hello: Hello | None = None  # hello with the loop merged, cached
         self.first_received: float | None = None
         self.last_received: float | None = None
-        self.steps: deque[StepRecord] = deque(maxlen=MAX_STEP_RECORDS)
+        self.steps = StepLog(MAX_STEP_RECORDS)
         self.throughput = Throughput(max(1, math.ceil(history_s / BUCKET_S)))
         self.last_index: int | None = None  # replays of the probe's history repeat indices
         self.total_samples = 0.0
@@ -170,31 +173,70 @@ class Run:
         if message.dropped_steps > self.dropped_steps:
             self.dropped_steps = message.dropped_steps
         records: Sequence[StepRecord] = message.records
+        if (
+            type(records) is StepRows
+            and records.plausible
+            and records.rows is not None  # not yet read as records
+            and len(records.rows) <= MAX_STEP_RECORDS
+            and self._add_rows(records, records.rows, received)
+        ):
+            return 0
+        throughput = self.throughput
         if len(records) > MAX_STEP_RECORDS:  # more than a run keeps: only the newest count
             records = records[-MAX_STEP_RECORDS:]
-        throughput = self.throughput
         accepted, invalid = new_steps(records, received, self.last_index, throughput.last_end)
-        if not accepted:
-            return invalid
+        if accepted:
+            throughput.add(accepted)
+            if self.first_start is None:
+                self.first_start = accepted[0].end_time - accepted[0].period_s
+            samples = sum(filter(None, map(_samples, accepted)))  # C loops
+            self._took(accepted, len(accepted), accepted[-1].index, samples, received)
+        return invalid
+
+    def _add_rows(self, records: StepRows, rows: tuple[WireStep, ...], received: float) -> bool:
+        """The hot path: a decoded message's rows checked and bucketed in one pass and
+        kept as rows. False, with nothing changed, when a row needs the general path."""
+        last = self.last_index
+        if not rows or (
+            last is not None and rows[-1].index <= last and max(map(_index, rows)) <= last
+        ):
+            return True  # nothing, or a replay of what is here
+        samples = self.throughput.add_rows(records.base, rows, received, last)
+        if samples is None:
+            return False
         if self.first_start is None:
-            self.first_start = accepted[0].end_time - accepted[0].period_s
-        self.last_index = accepted[-1].index
-        self.total_steps += len(accepted)
-        self.total_samples += sum(filter(None, map(_samples, accepted)))  # C loops
+            first = rows[0]
+            self.first_start = records.base + (first.end_us - first.period_us) / MICROS
+        self._took(records, len(rows), rows[-1].index, samples, received)
+        return True
+
+    def _took(
+        self,
+        accepted: Sequence[StepRecord],
+        count: int,
+        last_index: int,
+        samples: float,
+        received: float,
+    ) -> None:
+        """Count and keep the ``count`` records of ``accepted`` (already in the
+        throughput buckets)."""
+        self.last_index = last_index
+        self.total_steps += count
+        self.total_samples += samples
         if not self.samples_known:  # looked at until a record reports its batch size
-            self.samples_known = any(record.samples is not None for record in accepted)
+            # The rows when it has them: no StepRecord made for this.
+            rows = accepted.rows if type(accepted) is StepRows else None
+            self.samples_known = any(n is not None for n in map(_samples, rows or accepted))
         steps = self.steps
-        steps.extend(accepted)
-        throughput.add(accepted)
+        steps.extend(accepted, count)
+        throughput = self.throughput
         last_end = throughput.last_end
         if last_end is not None:
             if last_end >= throughput.close_at:
                 throughput.finish_until(last_end)
-            oldest = last_end - STEP_KEEP_S
-            while len(steps) > MIN_WINDOW_STEPS and steps[0].end_time < oldest:
-                steps.popleft()
+            if steps.oldest_end < last_end - STEP_KEEP_S:
+                steps.drop_before(last_end - STEP_KEEP_S, MIN_WINDOW_STEPS)
             self.clock_offsets.append(received - last_end)
-        return invalid
 
     # ---------------------------------------------------------------- reads
 
@@ -212,7 +254,7 @@ class Run:
         return recent
 
     def typical_period(self) -> float | None:
-        periods = [r.period_s for r in islice(reversed(self.steps), 20)]
+        periods = self.steps.periods(20)
         return statistics.median(periods) if periods else None
 
     def rate_now(self) -> float | None:

@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import StepRecord
+from gputop_dl.probe.protocol import MICROS, WireStep
+from gputop_dl.tui.state.clean import MAX_SKEW_S
 from gputop_dl.tui.state.model import ThroughputPoint
 
 BUCKET_S = 0.5  # one throughput point per half second of the run's clock
+_US = float(MICROS)
 
 
 @dataclass(slots=True)
@@ -41,6 +44,9 @@ class Throughput:
         # The earliest end for which finish_until closes a bucket: the end of the bucket
         # after the newest finished one. Before it, a call does nothing (callers skip it).
         self.close_at = -math.inf
+        # The bucket the newest rows of add_rows fell in: most of the next message's rows
+        # fall in it too, and need not look for theirs.
+        self._newest: int | None = None
 
     def add(self, records: Sequence[StepRecord]) -> None:
         """Spread each record (validated: finite, non-negative durations, newer than the
@@ -90,7 +96,10 @@ class Throughput:
             if last > first and end == last * BUCKET_S:
                 last -= 1  # a step ending exactly on a boundary belongs to the bucket before
             if first != last:
-                self._spread(record, start, end, first, last)
+                samples_of = record.samples or 0
+                self._spread(
+                    start, end, first, last, period, samples_of, record.wait_s, record.device_s
+                )
                 continue
             if first != current:
                 if current is not None:
@@ -118,6 +127,116 @@ class Throughput:
         if last_end != -math.inf:
             self.last_end = last_end
 
+    def add_rows(
+        self, base: float, rows: Sequence[WireStep], received: float, last_index: int | None
+    ) -> float | None:
+        """The viewer's hot path: a decoded message's plausible rows (microseconds after
+        ``base``; the decoder checked each duration and sample count against the limits
+        of ``clean``) checked for order, clock and wait as ``clean.new_steps`` checks
+        records and spread as :meth:`add` spreads them, in one pass, without making a
+        StepRecord of any. Returns the samples the rows carry (None counted as 0); or
+        None, with nothing changed, when a row is not a plain new one (replayed, out of
+        order, too far from the viewer's clock, waiting longer than its period, without a
+        period, cut by the horizon or by a finished bucket): the caller then takes the
+        general path (new_steps, add) for the whole message."""
+        us = _US
+        horizon = self._max_points * BUCKET_S * us
+        low = -math.inf if self._last_final is None else (self._last_final + 1) * BUCKET_S
+        # Times in microseconds after base. Comparisons are strict: a row at a limit
+        # takes the general path, which decides it.
+        prev_end = (received - MAX_SKEW_S - base) * us
+        if self.last_end is not None and (self.last_end - base) * us > prev_end:
+            prev_end = (self.last_end - base) * us
+        prev_index = -1 if last_index is None else last_index
+        floor = math.floor
+        # Written to the buckets once every row passed (a row may still send the whole
+        # message to the general path): the sums of each bucket, the steps over several.
+        puts: list[tuple[int, int, int, float, float, float, float, float]] = []
+        spreads: list[tuple[float, float, int, int, float, int, float | None, float | None]]
+        spreads = []
+        current = self._newest  # the bucket summed in the locals below, as in add()
+        if current is not None and (self._last_final is None or current > self._last_final):
+            lo, hi = (current * BUCKET_S - base) * us, ((current + 1) * BUCKET_S - base) * us
+        else:
+            current, lo, hi = None, math.inf, -math.inf
+        # Counts in ints (an int added to a float takes Python's slow path).
+        samples = steps = 0
+        covered = wait_s = wait_cov = device_s = device_cov = 0.0
+        for row in rows:
+            index, end, period, wait = row.index, row.end_us, row.period_us, row.wait_us
+            if not (index > prev_index and end > prev_end and (wait is None or wait <= period)):
+                return None
+            prev_index, prev_end = index, end
+            device, count = row.device_us, row.samples
+            start = end - period
+            if not lo <= start < end <= hi:
+                if period >= horizon or period <= 0.0:
+                    return None  # add() cuts the first, leaves the second out of last_end
+                start_s, end_s = base + start / us, base + end / us
+                if start_s < low:
+                    return None
+                first, last = floor(start_s / BUCKET_S), floor(end_s / BUCKET_S)
+                if last > first and end_s == last * BUCKET_S:
+                    last -= 1
+                if first != last:
+                    wait_of = None if wait is None else wait / us
+                    device_of = None if device is None else device / us
+                    spread = (
+                        start_s,
+                        end_s,
+                        first,
+                        last,
+                        period / us,
+                        count or 0,
+                        wait_of,
+                        device_of,
+                    )
+                    spreads.append(spread)
+                    continue
+                if steps and current is not None:
+                    puts.append(
+                        (current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
+                    )
+                current = first
+                lo, hi = (first * BUCKET_S - base) * us, ((first + 1) * BUCKET_S - base) * us
+                samples = steps = 0
+                covered = wait_s = wait_cov = device_s = device_cov = 0.0
+            samples += count or 0
+            steps += 1
+            covered += period
+            if wait is not None:
+                wait_cov += period
+                wait_s += wait
+            if device is not None:
+                device_cov += period
+                device_s += device if device < period else period
+        if not rows or prev_end > (received + MAX_SKEW_S - base) * us:
+            return None if rows else 0  # the newest row too far ahead of the viewer
+        if steps and current is not None:
+            puts.append((current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov))
+        total = 0
+        buckets = self._open
+        for index, samples, steps, covered, wait_s, wait_cov, device_s, device_cov in puts:
+            total += samples
+            bucket = buckets.get(index)
+            if bucket is None:
+                bucket = buckets[index] = _Bucket()
+            bucket.samples += samples
+            bucket.steps += steps
+            bucket.covered_s += covered / us
+            bucket.wait_s += wait_s / us
+            bucket.wait_covered_s += wait_cov / us
+            bucket.device_s += device_s / us
+            bucket.device_covered_s += device_cov / us
+        for part in spreads:
+            total += part[5]
+            self._spread(*part)
+        end_s = base + prev_end / us
+        if self.last_end is None or end_s > self.last_end:
+            self.last_end = end_s
+        self._newest = current
+        return total
+
     def _put(
         self,
         index: int,
@@ -140,12 +259,19 @@ class Throughput:
         bucket.device_s += device_s
         bucket.device_covered_s += device_covered
 
-    def _spread(self, record: StepRecord, start: float, end: float, first: int, last: int) -> None:
+    def _spread(
+        self,
+        start: float,
+        end: float,
+        first: int,
+        last: int,
+        period: float,
+        samples: float,
+        wait: float | None,
+        device: float | None,
+    ) -> None:
         """A step over several buckets: each gets the part of it that fell in it."""
         span = end - start
-        period = record.period_s
-        samples = record.samples or 0
-        wait, device = record.wait_s, record.device_s
         wait_fraction = min(1.0, wait / period) if wait is not None and period > 0 else 0.0
         device_fraction = min(1.0, device / period) if device is not None and period > 0 else 0.0
         for index in range(first, last + 1):
