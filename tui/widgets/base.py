@@ -51,6 +51,18 @@ def wrap(text: Text, width: int, *, max_lines: int = 2, indent: int = 2) -> list
     return lines
 
 
+def trusted_text(plain: str, spans: list[Span] | None = None, style: Style | str = "") -> Text:
+    """``Text(plain, style, spans=spans)`` for text this viewer composed itself (bars,
+    figures, glyphs; never a string from the wire): Rich strips control codes from every
+    string it is given, a ``str.translate`` that costs more than the rest of a wide graph
+    row."""
+    text = Text(style=style)
+    text._text = [plain]  # what Text.__init__ sets, without the sanitizing copy
+    text._length = len(plain)
+    text._spans = spans or []
+    return text
+
+
 Part = tuple[str, Style | None]
 
 
