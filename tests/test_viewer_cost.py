@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from fakes_tui import T0, system_sample
+import pytest
+from fakes_tui import HOST, LONG_INPUT_BOUND, T0, FakeSource, live_run, system_sample
 from rich.style import Style
 from rich.text import Span, Text
 
 from gputop_dl.probe.samples import CpuCore, CpuSample
+from gputop_dl.tui import state as tui_state
 from gputop_dl.tui.analysis import host
 from gputop_dl.tui.analysis.host import Scope, figures_of, host_stats, sample_figures
+from gputop_dl.tui.analyzer import Verdict, Window
+from gputop_dl.tui.app import GputopApp
+from gputop_dl.tui.state import SAMPLES_UNIT, ThroughputPoint
+from gputop_dl.tui.widgets.banner import Banner
 from gputop_dl.tui.widgets.base import line_segments, same_line, trusted_text
+from gputop_dl.tui.widgets.throughput import _scrolled
+
+WIDE = (200, 50)
 
 
 def _with_busy(sample: object, busy: float) -> object:
@@ -79,3 +88,95 @@ def test_trusted_text_is_the_text_rich_would_build() -> None:
     ours.append(" more", bold)  # and it stays a working Text
     rich.append(" more", bold)
     assert same_line(ours, rich)
+
+
+def _screen_text(panel: Banner) -> str:
+    return "\n".join(line.plain for line in panel.lines(panel.size.width))
+
+
+async def test_the_banner_is_rebuilt_only_when_what_it_shows_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run summary changes at every refresh; the banner's lines only when the verdict,
+    the connection or the verdict's age (as shown: "for 2.0s") do."""
+
+    def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
+        return LONG_INPUT_BOUND
+
+    monkeypatch.setattr(tui_state, "analyze", analyze)
+    now = [T0 + 60.0]
+    source = FakeSource()
+    app = GputopApp(source, local_host=HOST, clock=lambda: now[0], refresh_hz=0)
+    builds = 0
+    build = Banner.build
+
+    def counting(self: Banner, width: int) -> list[Text]:
+        nonlocal builds
+        builds += 1
+        return build(self, width)
+
+    monkeypatch.setattr(Banner, "build", counting)
+    async with app.run_test(size=WIDE) as pilot:
+        source.push(live_run(now[0]))
+        await pilot.pause()
+        app.refresh_view()
+        await pilot.pause()
+        assert "for " not in _screen_text(app.banner)  # shown less than a second
+        before = builds
+        app._show()  # nothing new: the same run summary, the same clock
+        app._show()
+        assert builds == before
+        now[0] += 2.0  # no message, but the verdict has now held for 2 s: it says so
+        app.state.tick(now[0])
+        app._show()
+        await pilot.pause()
+        assert "for 2.0s" in _screen_text(app.banner)
+        assert builds == before + 1
+
+
+async def test_a_bar_is_styled_again_only_for_the_same_look() -> None:
+    app = GputopApp(FakeSource(), local_host=HOST, clock=lambda: T0, refresh_hz=0)
+    async with app.run_test(size=WIDE):
+        cpu = app.cpu
+        half = cpu.bar_parts([0.5, 0.1], 8, ["cpu--user", "cpu--system"])
+        assert cpu.bar_parts([0.501, 0.1], 8, ["cpu--user", "cpu--system"]) is half  # same eighths
+        more = cpu.bar_parts([0.52, 0.1], 8, ["cpu--user", "cpu--system"])
+        assert "".join(text for text, _ in more) != "".join(text for text, _ in half)
+        other = cpu.bar_parts([0.5, 0.1], 8, ["cpu--system", "cpu--user"])  # other colours
+        assert [style for _, style in other] != [style for _, style in half]
+        cpu.notify_style_update()  # a theme change: styled again with the new styles
+        assert cpu.bar_parts([0.5, 0.1], 8, ["cpu--user", "cpu--system"]) is not half
+
+
+def _point(k: int, rate: float | None, wait: float | None = 0.2) -> ThroughputPoint:
+    return ThroughputPoint(T0 + 0.5 * k, rate, None if rate is None else rate / 32, wait, 0.5)
+
+
+def _fresh(points: tuple[ThroughputPoint, ...], key: tuple[float, int, str]) -> tuple[object, ...]:
+    glyphs = _scrolled(None, key, points, [p.samples_per_s for p in points])
+    return glyphs.rows, glyphs.waits
+
+
+def test_a_scrolled_graph_is_the_graph_drawn_afresh() -> None:
+    """The glyphs kept from the last build, for the points still shown, are those a full
+    redraw gives: after a scroll, a replaced point, a new scale, a jump, a gap."""
+    key = (4000.0, 6, SAMPLES_UNIT)
+    points = tuple(_point(k, 1000.0 + 97.0 * (k % 7), 0.1 * (k % 4)) for k in range(30))
+    replaced = _point(24, 3900.0, None)  # the newest bucket, completed since: new object
+    unknown = _point(31, None, None)
+    cases = [
+        (points[:20], key),
+        (points[1:21], key),  # scrolled by one
+        (points[4:24], key),  # by three
+        ((*points[5:24], replaced), key),  # the last point replaced
+        ((*points[6:24], replaced, unknown), key),  # an unknown rate (blank column)
+        ((*points[6:24], replaced, unknown), (8000.0, 6, SAMPLES_UNIT)),  # a new scale
+        (points[10:30], (8000.0, 6, SAMPLES_UNIT)),  # jumped past the replaced point
+        (points[12:30], (8000.0, 4, SAMPLES_UNIT)),  # fewer rows (the screen shrank)
+        (points[29:30], (8000.0, 4, SAMPLES_UNIT)),
+    ]
+    glyphs = None
+    for shown, case_key in cases:
+        glyphs = _scrolled(glyphs, case_key, shown, [p.samples_per_s for p in shown])
+        assert (glyphs.rows, glyphs.waits) == _fresh(shown, case_key)
+        assert all(len(row) == len(shown) for row in glyphs.rows)

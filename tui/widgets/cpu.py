@@ -133,9 +133,9 @@ class CpuPanel(Panel):
                 if position >= len(cores):
                     break
                 core = cores[position]
-                if column:
-                    parts.append((" ", None))
-                parts.append((f"{core.index:>{label_width}} ", dim))
+                # The gap before a column takes the label's colour: a space looks the
+                # same in any colour, and one run is drawn instead of two.
+                parts.append((f"{' ' if column else ''}{core.index:>{label_width}} ", dim))
                 parts += self.bar_parts(_fractions(core), shape.bar_width, CORE_PARTS)
                 if shape.show_pct:
                     parts.append((f"{fmt_pct(core.busy_pct, compact=True):>5}", None))
