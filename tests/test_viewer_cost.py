@@ -180,3 +180,23 @@ def test_a_scrolled_graph_is_the_graph_drawn_afresh() -> None:
         glyphs = _scrolled(glyphs, case_key, shown, [p.samples_per_s for p in shown])
         assert (glyphs.rows, glyphs.waits) == _fresh(shown, case_key)
         assert all(len(row) == len(shown) for row in glyphs.rows)
+
+
+async def test_the_cpu_grid_draws_kept_bars_as_a_fresh_grid_would() -> None:
+    app = GputopApp(FakeSource(), local_host=HOST, clock=lambda: T0, refresh_hz=0)
+    async with app.run_test(size=WIDE):
+        cpu = app.cpu
+        width = 96
+        before = system_sample(T0).cpu
+        after = _with_busy(system_sample(T0), 50.0).cpu  # type: ignore[attr-defined]
+        cpu.show(before, None, None)
+        first = cpu.build(width)
+        cpu.show(after, None, None)
+        kept = cpu.build(width)  # bars of the first sample kept, some reused
+        cpu._core_bars.clear()
+        cpu._bars.clear()
+        fresh = cpu.build(width)
+        assert len(kept) == len(fresh) == len(first)
+        assert all(same_line(a, b) for a, b in zip(kept, fresh, strict=True))
+        assert not same_line(first[1], kept[1])  # the cores changed: so did their row
+        assert "█" * 4 in kept[1].plain  # 50 % of an 8-cell bar
