@@ -146,6 +146,14 @@ def measure(session: str, command: str, ready: str) -> tuple[float, float]:
     return first, 100 * (c1 - c0) / (w1 - w0)
 
 
+def viewer_code() -> str:
+    """Where the measured ``gputop`` imports its code from: the checkout on PYTHONPATH
+    (a worktree) comes before the venv's editable install."""
+    probe = "import gputop_dl.tui.app as m, os; print(os.path.realpath(m.__file__))"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return found.stdout.strip() or found.stderr.strip()[-200:]
+
+
 def spread(values: list[float]) -> str:
     mid, low, high = statistics.median(values), min(values), max(values)
     return f"median {mid:.2f} % of one core (min {low:.2f}, max {high:.2f})"
@@ -161,6 +169,7 @@ def main() -> None:
     endpoint = f"tcp://127.0.0.1:{port}"
     # The pane runs in the tmux server's environment: pass the import path explicitly.
     env = f"env PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
+    print(f"viewer code measured: {viewer_code()}")
     cpus: list[float] = []
     firsts: list[float] = []
     try:

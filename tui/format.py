@@ -206,13 +206,18 @@ def stacked_bar(fractions: Sequence[float | None], width: int) -> list[tuple[str
     """
     if width <= 0:
         return []
+    return list(_stacked_runs(bar_eighths(fractions, width), width))
+
+
+def bar_eighths(fractions: Sequence[float | None], width: int) -> tuple[int, ...]:
+    """Each part of a :func:`stacked_bar` ``width`` cells wide, in eighths of a cell: what
+    the bar looks like (two bars with the same eighths are drawn the same)."""
     scale = width * 8
     # clamp01 inlined (None, NaN and infinities count as 0): this runs for every bar drawn
-    eighths = tuple(
+    return tuple(
         0 if f is None or not 0.0 < f < math.inf else scale if f >= 1.0 else round(f * scale)
         for f in fractions
     )
-    return list(_stacked_runs(eighths, width))
 
 
 @lru_cache(maxsize=4096)

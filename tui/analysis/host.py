@@ -95,19 +95,6 @@ def _free_cores(s: SystemSample, scope: Scope) -> float | None:
     return sum(100.0 - (b or 0.0) for b in busy) / 100.0
 
 
-def _idlest(samples: Sequence[SystemSample], scope: Scope) -> tuple[int, float] | None:
-    """The usable core with the most idle time (median over the samples)."""
-    idle: dict[int, list[float]] = {}
-    for s in samples:
-        for c in _cores(s, scope):
-            if c.busy_pct is not None:
-                idle.setdefault(c.index, []).append(100.0 - c.busy_pct)
-    if not idle:
-        return None
-    index, values = max(idle.items(), key=lambda kv: (statistics.median(kv[1]), -kv[0]))
-    return index, statistics.median(values)
-
-
 def _pinned_cores(s: SystemSample, scope: Scope) -> float | None:
     busy = [c.busy_pct for c in _cores(s, scope)]
     if not busy:
@@ -234,6 +221,79 @@ def _usable(n_cores: int | None, quota: float | None) -> float | None:
     return float(n_cores) if quota is None else min(float(n_cores), quota)
 
 
+@dataclass(frozen=True)
+class SampleFigures:
+    """What one node sample says for one run's scope: computed once per sample, not at
+    every analysis (a sample stays in the window for SYSTEM_WINDOW_S, a 64-core sample
+    costs hundreds of property reads)."""
+
+    node_cores: int | None  # None: the sample has no cores
+    usable_cores: int | None
+    free_cores: float | None
+    idle: tuple[tuple[int, float], ...]  # (core, idle %) of each usable core with a figure
+    pinned_cores: float | None
+    iowait_cores: float | None
+    training_cores: float | None
+    worker_count: int | None  # None: no process figures
+    saturated_workers: float | None
+    main_cpu_pct: float | None
+    worker_cpu_pct: float | None
+    worker_cpu_cores: float | None
+    net_rx_bps: float | None
+
+
+def sample_figures(s: SystemSample, scope: Scope) -> SampleFigures:
+    cores = _cores(s, scope)
+    has_cores = s.cpu is not None and bool(s.cpu.cores)
+    return SampleFigures(
+        node_cores=len(s.cpu.cores) if s.cpu is not None and has_cores else None,
+        usable_cores=len(cores) if has_cores else None,
+        free_cores=_free_cores(s, scope),
+        idle=tuple((c.index, 100.0 - c.busy_pct) for c in cores if c.busy_pct is not None),
+        pinned_cores=_pinned_cores(s, scope),
+        iowait_cores=_iowait_cores(s, scope),
+        training_cores=_training_cores(s),
+        worker_count=len(_workers(s, scope)) if s.processes is not None else None,
+        saturated_workers=_saturated(s, scope),
+        main_cpu_pct=_main_cpu(s, scope),
+        worker_cpu_pct=_worker_cpu(s, scope),
+        worker_cpu_cores=_worker_cores(s, scope),
+        net_rx_bps=_net_rx(s),
+    )
+
+
+# Figures by sample identity and scope. Samples are immutable; each entry holds its
+# sample, so the id cannot be reused while the entry lives. Bounded: emptied when full
+# (64 ranks x 6 samples in their windows fit; a flush costs one recomputation each).
+MAX_MEMO = 2048
+_memo: dict[tuple[int, Scope], tuple[SystemSample, SampleFigures]] = {}
+
+
+def figures_of(s: SystemSample, scope: Scope) -> SampleFigures:
+    """:func:`sample_figures`, computed once per sample and scope."""
+    key = (id(s), scope)
+    hit = _memo.get(key)
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    figures = sample_figures(s, scope)
+    if len(_memo) >= MAX_MEMO:
+        _memo.clear()
+    _memo[key] = (s, figures)
+    return figures
+
+
+def _idlest_of(figures: Sequence[SampleFigures]) -> tuple[int, float] | None:
+    """The usable core with the most idle time (median over the samples)."""
+    idle: dict[int, list[float]] = {}
+    for f in figures:
+        for index, value in f.idle:
+            idle.setdefault(index, []).append(value)
+    if not idle:
+        return None
+    index, values = max(idle.items(), key=lambda kv: (statistics.median(kv[1]), -kv[0]))
+    return index, statistics.median(values)
+
+
 def select_samples(
     systems: Sequence[SystemSample], host: str | None, now: float
 ) -> tuple[str | None, list[SystemSample], float | None]:
@@ -255,17 +315,19 @@ def host_stats(
     scope = scope or Scope()
     host, samples, age = select_samples(systems, host, now)
     sampled = [s for s in samples if s.host_sampled]
+    every = [figures_of(s, scope) for s in samples]  # any sample of the host
+    node = [f for s, f in zip(samples, every, strict=True) if s.host_sampled]  # host-wide
     disk, guessed = _data_disks(sampled)
     swaps = [s.memory.swap_in_bps for s in sampled if s.memory]
-    node = [len(s.cpu.cores) for s in sampled if s.cpu and s.cpu.cores]
-    usable = [len(_cores(s, scope)) for s in sampled if s.cpu and s.cpu.cores]
+    node_cores = [f.node_cores for f in node if f.node_cores is not None]
+    usable = [f.usable_cores for f in node if f.usable_cores is not None]
     # The probe's own quota first (its cgroup); else the newest the sampler saw.
     quota = scope.quota_cores
     if quota is None:
         quota = next((s.cgroup.cpu_quota_cores for s in reversed(sampled) if s.cgroup), None)
-    training = _per_sample(samples, _training_cores)
-    workers = [len(_workers(s, scope)) for s in samples if s.processes is not None]
-    saturated = _per_sample(samples, lambda s: _saturated(s, scope))
+    training = _median([f.training_cores for f in every])
+    workers = [f.worker_count for f in every if f.worker_count is not None]
+    saturated = _median([f.saturated_workers for f in every])
     n_cores = max(usable) if usable else None
     return HostStats(
         host=host,
@@ -273,19 +335,17 @@ def host_stats(
         n_host_samples=len(sampled),
         latest_age_s=age,
         n_cores=n_cores,
-        node_cores=max(node) if node else None,
+        node_cores=max(node_cores) if node_cores else None,
         usable_cores=_usable(n_cores, quota),
-        free_cores=_cap_by_quota(
-            _per_sample(sampled, lambda s: _free_cores(s, scope)), quota, training
-        ),
-        idlest_core=_idlest(sampled, scope),
-        pinned_cores=_per_sample(sampled, lambda s: _pinned_cores(s, scope)),
-        iowait_cores=_per_sample(sampled, lambda s: _iowait_cores(s, scope)),
-        main_cpu_pct=_per_sample(samples, lambda s: _main_cpu(s, scope)),
+        free_cores=_cap_by_quota(_median([f.free_cores for f in node]), quota, training),
+        idlest_core=_idlest_of(node),
+        pinned_cores=_median([f.pinned_cores for f in node]),
+        iowait_cores=_median([f.iowait_cores for f in node]),
+        main_cpu_pct=_median([f.main_cpu_pct for f in every]),
         worker_count=workers[-1] if workers else None,
         saturated_workers=round(saturated) if saturated is not None else None,
-        worker_cpu_pct=_per_sample(samples, lambda s: _worker_cpu(s, scope)),
-        worker_cpu_cores=_per_sample(samples, lambda s: _worker_cores(s, scope)),
+        worker_cpu_pct=_median([f.worker_cpu_pct for f in every]),
+        worker_cpu_cores=_median([f.worker_cpu_cores for f in every]),
         training_cpu_cores=training,
         others=_others(samples),
         data_disk=disk,
@@ -300,7 +360,7 @@ def host_stats(
         throttled_pct=_per_sample(sampled, lambda s: s.cgroup.throttled_pct if s.cgroup else None),
         quota_cores=quota,
         data_fs_type=next((s.data_fs_type for s in reversed(samples) if s.data_fs_type), None),
-        net_rx_bps=_per_sample(sampled, _net_rx),
+        net_rx_bps=_median([f.net_rx_bps for f in node]),
     )
 
 

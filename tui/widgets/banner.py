@@ -58,8 +58,11 @@ class Banner(Panel):
         job_text: str | None = None,
         agent_only: Sequence[str] = (),
     ) -> None:
+        agent_only = tuple(agent_only)
+        if self.unchanged(*_shown_of(run, now), host, job_text, agent_only):
+            return  # the same lines: not even built again (a refresh comes twice a second)
         self.run, self.host, self.now, self.job_text = run, host, now, job_text
-        self.agent_only = tuple(agent_only)
+        self.agent_only = agent_only
         self._set_severity(self._severity())
         self.changed()
 
@@ -225,3 +228,29 @@ class Banner(Panel):
 
     def _item(self, glyph: str, text: str, component: str) -> Text:
         return Text(f"  {glyph} {text}", self.style(component))
+
+
+def _shown_of(run: RunSummary | None, now: float) -> tuple[object, ...]:
+    """What of ``run`` and ``now`` the banner shows: a run summary changes at every
+    refresh (rates, ages), its banner far less often. Anything the lines read must be
+    here; something more only costs a rebuild."""
+    if run is None:
+        return (None,)
+    connection = run.connection
+    live = connection.state == "live"
+    # "(as of 12s ago)" of a run no longer live; "for 3m05s" of a live run's verdict
+    age = None if live or connection.age_s is None else fmt_duration(connection.age_s)
+    since: float | None = getattr(run.verdict, "since", None)
+    held = fmt_duration(now - since) if live and since is not None and now - since >= 1.0 else None
+    return (
+        run.key,
+        run.name,
+        run.endpoint,
+        run.is_placeholder,
+        run.theirs,
+        connection.state,
+        connection.text,
+        age,
+        run.verdict,
+        held,
+    )

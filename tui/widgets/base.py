@@ -24,7 +24,7 @@ from textual.style import Style as VisualStyle
 from textual.visual import RenderOptions, Visual
 from textual.widget import Widget
 
-from gputop_dl.tui.format import stacked_bar
+from gputop_dl.tui.format import bar_eighths, stacked_bar
 
 _WRAP_CONSOLE = Console(file=io.StringIO(), width=1000, color_system=None)
 _NULL = Style.null()
@@ -51,7 +51,20 @@ def wrap(text: Text, width: int, *, max_lines: int = 2, indent: int = 2) -> list
     return lines
 
 
+def trusted_text(plain: str, spans: list[Span] | None = None, style: Style | str = "") -> Text:
+    """``Text(plain, style, spans=spans)`` for text this viewer composed itself (bars,
+    figures, glyphs; never a string from the wire): Rich strips control codes from every
+    string it is given, a ``str.translate`` that costs more than the rest of a wide graph
+    row."""
+    text = Text(style=style)
+    text._text = [plain]  # what Text.__init__ sets, without the sanitizing copy
+    text._length = len(plain)
+    text._spans = spans or []
+    return text
+
+
 Part = tuple[str, Style | None]
+MAX_BARS = 4096  # distinct bars a panel keeps styled (emptied when full)
 
 
 def assemble(parts: Iterable[Part]) -> Text:
@@ -183,6 +196,7 @@ class Panel(Widget):
         self._line_strips: dict[int, tuple[Text, Strip]] = {}
         self._line_strips_key: tuple[int, Style] | None = None
         self._component_rich: dict[str, Style] = {}
+        self._bars: dict[tuple[object, ...], tuple[Part, ...]] = {}  # see ``bar_parts``
         self._shown: object = object()  # what ``show`` was last given (see ``unchanged``)
         self._border_title_text: str | None = None
 
@@ -260,6 +274,7 @@ class Panel(Widget):
         # A class or theme change may change the component styles the lines were built with.
         self._lines_key = self._strips_key = self._line_strips_key = None
         self._component_rich.clear()
+        self._bars.clear()
         super().notify_style_update()
 
     # ---------------------------------------------------------------- updates
@@ -310,13 +325,24 @@ class Panel(Widget):
         if display != self.display:
             self.display = display
 
-    def bar_parts(self, fractions: list[float | None], width: int, parts: list[str]) -> list[Part]:
+    def bar_parts(
+        self, fractions: list[float | None], width: int, parts: list[str]
+    ) -> tuple[Part, ...]:
         """A stacked bar as parts: part ``i`` takes the style of component ``parts[i]``;
-        the empty rest takes ``bar--track``."""
-        return [
-            (chunk, self.style(parts[part] if part >= 0 else "bar--track"))
-            for chunk, part in stacked_bar(fractions, width)
-        ]
+        the empty rest takes ``bar--track``. Kept by what the bar looks like (its eighths):
+        64 cores redrawn each second show far fewer distinct bars."""
+        if width <= 0:
+            return ()
+        key = (bar_eighths(fractions, width), width, *parts)
+        styled = self._bars.get(key)
+        if styled is None:
+            if len(self._bars) >= MAX_BARS:
+                self._bars.clear()
+            styled = self._bars[key] = tuple(
+                (chunk, self.style(parts[part] if part >= 0 else "bar--track"))
+                for chunk, part in stacked_bar(fractions, width)
+            )
+        return styled
 
     def styled_bar(self, fractions: list[float | None], width: int, parts: list[str]) -> Text:
         """:meth:`bar_parts` as a Text."""

@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rich.text import Text
+from rich.style import Style
+from rich.text import Span, Text
 
 from gputop_dl.probe.samples import CgroupSample, CpuCore, CpuSample, TrainingProcesses
-from gputop_dl.tui.format import TIMES, fmt_pct
-from gputop_dl.tui.widgets.base import Panel, Part, assemble
+from gputop_dl.tui.format import TIMES, bar_eighths, fmt_pct
+from gputop_dl.tui.widgets.base import MAX_BARS, Panel, Part, assemble, trusted_text
 
 SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
 SUMMARY_BAR = 12  # the all-cores bar of the compact form
 IOWAIT_SHOWN_PCT = 1.0  # the compact form names iowait only from this share on
 CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]
+BarRun = tuple[int, int, str | Style]  # (start, end, style) within a core's bar
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class CpuPanel(Panel):
         self.processes: TrainingProcesses | None = None
         self.cgroup: CgroupSample | None = None
         self.border_title = "CPU"
+        self._core_bars: dict[tuple[object, ...], tuple[str, tuple[BarRun, ...]]] = {}
 
     def show(
         self,
@@ -127,20 +130,44 @@ class CpuPanel(Panel):
         dim = self.style("panel--dim")
         lines = []
         for row in range(shape.rows):
-            parts: list[Part] = []
+            plain: list[str] = []
+            spans: list[Span] = []
+            offset = 0
             for column in range(shape.columns):
                 position = column * shape.rows + row  # column-major, like htop
                 if position >= len(cores):
                     break
                 core = cores[position]
-                if column:
-                    parts.append((" ", None))
-                parts.append((f"{core.index:>{label_width}} ", dim))
-                parts += self.bar_parts(_fractions(core), shape.bar_width, CORE_PARTS)
-                if shape.show_pct:
-                    parts.append((f"{fmt_pct(core.busy_pct, compact=True):>5}", None))
-            lines.append(assemble(parts))
+                # The gap before a column takes the label's colour: a space looks the
+                # same in any colour, and one run is drawn instead of two.
+                label = f"{' ' if column else ''}{core.index:>{label_width}} "
+                spans.append(Span(offset, offset + len(label), dim))
+                offset += len(label)
+                bar, runs = self._core_bar(core, shape)
+                spans += [Span(offset + start, offset + end, style) for start, end, style in runs]
+                plain += (label, bar)
+                offset += len(bar)
+            lines.append(trusted_text("".join(plain), spans))  # digits and bars only
         return lines
+
+    def _core_bar(self, core: CpuCore, shape: GridShape) -> tuple[str, tuple[BarRun, ...]]:
+        """A core's bar and figure, as text and styled runs, kept by their look: a grid
+        of 64 cores redrawn every second holds far fewer distinct bars."""
+        fractions = _fractions(core)
+        pct = f"{fmt_pct(core.busy_pct, compact=True):>5}" if shape.show_pct else ""
+        key = (bar_eighths(fractions, shape.bar_width), shape.bar_width, pct)
+        bar = self._core_bars.get(key)
+        if bar is None:
+            cell = assemble([*self.bar_parts(fractions, shape.bar_width, CORE_PARTS), (pct, None)])
+            bar = (cell.plain, tuple((s.start, s.end, s.style) for s in cell.spans))
+            if len(self._core_bars) >= MAX_BARS:
+                self._core_bars.clear()
+            self._core_bars[key] = bar
+        return bar
+
+    def notify_style_update(self) -> None:
+        self._core_bars.clear()  # styled with the component styles of before
+        super().notify_style_update()
 
     def _summary(self, cores: tuple[CpuCore, ...]) -> Text:
         line = Text()

@@ -7,10 +7,12 @@ a red floor; an unknown rate stays blank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 
 from gputop_dl.tui.format import (
     VERTICAL_EIGHTHS,
@@ -21,10 +23,15 @@ from gputop_dl.tui.format import (
     fmt_share,
     nice_ceiling,
 )
-from gputop_dl.tui.state import BUCKET_S, RunSummary, ThroughputPoint
-from gputop_dl.tui.widgets.base import Panel
+from gputop_dl.tui.state import BUCKET_S, SAMPLES_UNIT, RunSummary, ThroughputPoint
+from gputop_dl.tui.widgets.base import Panel, trusted_text
 
 MIN_GUTTER = 6  # fits "wait ┤"
+# A point's rate in the run's unit: read for every point at every redraw (the scale
+# covers the whole history), so an attribute read rather than a method call.
+_RATE = {SAMPLES_UNIT: attrgetter("samples_per_s")}
+_STEPS_RATE = attrgetter("steps_per_s")
+_WAIT_SHARE = attrgetter("wait_share")
 
 
 @lru_cache(maxsize=4096)
@@ -48,6 +55,7 @@ class ThroughputGraph(Panel):
         self.run: RunSummary | None = None
         self.points: tuple[ThroughputPoint, ...] = ()
         self.border_title = "Throughput"
+        self._glyphs: _Glyphs | None = None  # the last build's, to scroll rather than redraw
 
     def show(self, run: RunSummary | None, points: tuple[ThroughputPoint, ...]) -> None:
         if self.unchanged(run, points):
@@ -67,17 +75,19 @@ class ThroughputGraph(Panel):
             return self._empty(width, height)
         wait_row = height >= 7
         chart_rows = height - 1 - (1 if wait_row else 0)
-        unit = run.unit
-        rates = [p.rate(unit) for p in self.points]
-        top = nice_ceiling(max([r for r in rates if r is not None] + [run.rate_avg or 0.0, 0.0]))
+        rates = list(map(_RATE.get(run.unit, _STEPS_RATE), self.points))
+        known = [r for r in rates if r is not None]
+        top = nice_ceiling(max(max(known, default=0.0), run.rate_avg or 0.0, 0.0))
         top_label = fmt_number(top)
         gutter = max(MIN_GUTTER, len(top_label) + 2)
         columns = max(1, width - gutter)
         shown = self.points[-columns:]
         pad = columns - len(shown)
-        lines = self._chart(shown, pad, top, top_label, chart_rows, gutter, unit)
+        glyphs = _scrolled(self._glyphs, (top, chart_rows, run.unit), shown, rates[-len(shown) :])
+        self._glyphs = glyphs
+        lines = self._chart(shown, glyphs, pad, top_label, gutter)
         if wait_row:
-            lines.append(self._wait_row(shown, pad, gutter))
+            lines.append(self._wait_row(shown, glyphs.waits, pad, gutter))
         lines.append(self._split(width, len(shown)))
         return lines
 
@@ -92,18 +102,16 @@ class ThroughputGraph(Panel):
     def _chart(
         self,
         shown: tuple[ThroughputPoint, ...],
+        glyphs: _Glyphs,
         pad: int,
-        top: float,
         top_label: str,
-        rows: int,
         gutter: int,
-        unit: str,
     ) -> list[Text]:
         bar_style = self.style("graph--bar")
         stall_style = self.style("graph--stall")
         axis_style = self.style("graph--axis")
-        columns = [_column(p.rate(unit), top, rows) for p in shown]
         stalled = [i for i, point in enumerate(shown) if point.pending]
+        rows = len(glyphs.rows)
         lines = []
         for row in reversed(range(rows)):
             if row == rows - 1:
@@ -112,30 +120,36 @@ class ThroughputGraph(Panel):
                 label = "0 ┤"
             else:
                 label = "│"
-            line = Text(label.rjust(gutter), axis_style)
-            line.append(" " * pad)
-            cells = [chars[row] for chars in columns]
+            head = label.rjust(gutter) + " " * pad
             if row == 0 and stalled:  # a stall in progress: a red floor
+                line = Text(label.rjust(gutter), axis_style)
+                line.append(" " * pad)
+                cells = list(glyphs.rows[row])
                 marks = [False] * len(cells)
                 for i in stalled:
                     cells[i] = "▁"
                     marks[i] = True
                 _append_runs(line, cells, marks, stall_style, bar_style)
             else:
-                line.append("".join(cells), bar_style)
+                # one row of glyphs composed here: no control code to strip
+                plain = head + glyphs.rows[row]
+                line = trusted_text(plain, _tail_span(len(head), len(plain), bar_style), axis_style)
             lines.append(line)
         return lines
 
-    def _wait_row(self, shown: tuple[ThroughputPoint, ...], pad: int, gutter: int) -> Text:
-        line = Text("wait ┤".rjust(gutter), self.style("graph--axis"))
-        line.append(" " * pad)
+    def _wait_row(
+        self, shown: tuple[ThroughputPoint, ...], waits: str, pad: int, gutter: int
+    ) -> Text:
+        axis_style = self.style("graph--axis")
         wait_style = self.style("graph--wait")
-        cells = [_wait_char(point.wait_share) for point in shown]
-        if " " not in cells:  # the data wait is known all along: one run
-            line.append("".join(cells), wait_style)
-        else:
-            unknown = [point.wait_share is None for point in shown]
-            _append_runs(line, cells, unknown, None, wait_style)
+        if " " not in waits:  # the data wait is known all along: one run
+            head = "wait ┤".rjust(gutter) + " " * pad
+            plain = head + waits
+            return trusted_text(plain, _tail_span(len(head), len(plain), wait_style), axis_style)
+        line = Text("wait ┤".rjust(gutter), axis_style)
+        line.append(" " * pad)
+        unknown = [point.wait_share is None for point in shown]
+        _append_runs(line, list(waits), unknown, None, wait_style)
         return line
 
     def _split(self, width: int, shown: int) -> Text:
@@ -163,6 +177,52 @@ class ThroughputGraph(Panel):
             line.append(" " * (width - line.cell_len - span.cell_len))
             line.append_text(span)
         return line
+
+
+@dataclass(frozen=True)
+class _Glyphs:
+    """The chart's glyphs for the points shown, one per point: a new half-second point
+    scrolls the graph, and the points still shown keep theirs (only new ones are drawn)."""
+
+    key: tuple[float, int, str]  # the scale's top, the chart's rows, the unit
+    points: tuple[ThroughputPoint, ...]
+    rows: tuple[str, ...]  # bottom row first
+    waits: str  # the wait row
+
+
+def _scrolled(
+    previous: _Glyphs | None,
+    key: tuple[float, int, str],
+    shown: tuple[ThroughputPoint, ...],
+    rates: list[float | None],
+) -> _Glyphs:
+    """The glyphs of ``shown`` (whose rates are ``rates``), taking from ``previous`` those
+    of the points it showed too: the same objects, in the same order, from ``shown[0]``
+    on (a point the state replaced, e.g. a bucket completed since, is drawn again)."""
+    start = kept = 0
+    if previous is not None and previous.key == key and shown:
+        first = shown[0]
+        start = next((i for i, p in enumerate(previous.points) if p is first), -1)
+        if start >= 0:
+            limit = min(len(previous.points) - start, len(shown))
+            while kept < limit and previous.points[start + kept] is shown[kept]:
+                kept += 1
+    top, rows, _unit = key
+    fresh = [_column(rate, top, rows) for rate in rates[kept:]]
+    glyph_rows = tuple(
+        (previous.rows[row][start : start + kept] if previous is not None and kept else "")
+        + "".join([chars[row] for chars in fresh])
+        for row in range(rows)
+    )
+    waits = "".join(map(_wait_char, map(_WAIT_SHARE, shown[kept:])))
+    if previous is not None and kept:
+        waits = previous.waits[start : start + kept] + waits
+    return _Glyphs(key, shown, glyph_rows, waits)
+
+
+def _tail_span(start: int, end: int, style: Style) -> list[Span]:
+    """The span ``Text.append`` gives a part appended at ``start`` (none when empty)."""
+    return [Span(start, end, style)] if style and end > start else []
 
 
 @lru_cache(maxsize=1024)
