@@ -1,8 +1,8 @@
 """The viewer's cost to take in one training step: decode + ViewerState.apply.
 
 Steps arrive as the probe flushes them: a Steps message every 0.2 s (the probe's
-flush_interval_s), here at 150 steps/s (30 records a message) with data wait, device time and batch size set. Each repeat feeds
-a fresh ViewerState 20 s of such messages (plus a hello, a 64-core node sample a second
+flush_interval_s), here at 150 steps/s (30 records a message) with data wait, device
+time and batch size set. Each repeat feeds a fresh ViewerState 20 s of such messages (plus a hello, a 64-core node sample a second
 and a tick at 2 Hz, as the app does) and reports CPU time (process_time: all threads) per
 step: the whole pass less the ticks (the clock is read around the pass and each tick, not
 around each message: a read costs ~0.7 us here), a pass that only decodes, a pass without
