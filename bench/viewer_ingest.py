@@ -2,12 +2,13 @@
 
 Steps arrive as the probe flushes them: a Steps message every 0.2 s (the probe's
 flush_interval_s), here at 150 steps/s (30 records a message) with data wait, device
-time and batch size set. Each repeat feeds a fresh ViewerState 20 s of such messages (plus a hello, a 64-core node sample a second
-and a tick at 2 Hz, as the app does) and reports CPU time (process_time: all threads) per
-step: the whole pass less the ticks (the clock is read around the pass and each tick, not
-around each message: a read costs ~0.7 us here), a pass that only decodes, a pass without
-the node samples (their cost grows with the node's cores, not with the step rate) and a
-pass decoding only those. Prints median and spread over the repeats, interleaved.
+time and batch size set. Each repeat feeds a fresh ViewerState 20 s of such messages
+(plus a hello, a 64-core node sample a second and a tick at 2 Hz, as the app does) and
+reports CPU time (process_time: all threads) per step: the whole pass less the ticks
+(the clock is read around the pass and each tick, not around each message: a read costs
+~0.7 us here), a pass that only decodes, a pass without the node samples (their cost
+grows with the node's cores, not with the step rate) and a pass decoding only those.
+Prints median and spread over the repeats, interleaved.
 Goal: decode + state <= 2 us per step.
 
 Uses only encode/decode and keyword construction of the messages, so it runs unchanged
