@@ -355,6 +355,8 @@ def slow_steps(repeats: int = 3, seconds: float = 10.0) -> None:
                 capture_output=True,
                 text=True,
                 check=True,
+                # components() switched this process's probe off: not the child's
+                env={k: v for k, v in os.environ.items() if k != "GPUTOP_DISABLE"},
             ).stdout.split()[-1]
         )
         for _ in range(repeats)

@@ -221,7 +221,8 @@ def test_at_most_max_peers_are_let_in_and_a_place_frees_up() -> None:
             assert _connected(first[-1:], pub, 0.3) == [True]
         late = [_sub(ctx, pub.endpoint) for _ in range(3)]
         assert _connected([*first, *late], pub, 1.0) == [True] * 3 + [False] * 3
-        assert pub.refused == 3
+        # Each late one refused at least once (zmq may try again within the second).
+        assert pub.refused >= 3
         assert pub.peers == 3  # the refused ones were closed
         # Two leave: two places for newcomers.
         first[0].close()
