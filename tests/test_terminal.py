@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gputop_dl.tui.driver import INPUT_ENDED
+
 ENTRY = [sys.executable, "-m", "gputop_dl"]
 START_TIMEOUT_S = 60.0  # Textual's first paint on a loaded 2-core machine
 EXIT_BOUND_S = 5.0  # generous for a loaded machine; the real figure is ~0.2 s
@@ -165,6 +167,38 @@ def test_input_that_ends_mid_run_ends_the_viewer_and_its_cpu_use(
         )
     print(f"exited {time.monotonic() - closed:.2f} s after its input ended")
     assert code == 0
+
+
+def test_a_stray_sigcont_neither_restarts_the_screen_nor_hangs_the_exit(
+    viewer: list[PtyViewer],
+) -> None:
+    """Only a resume after Ctrl+Z restarts the screen: a second output thread started by
+    a stray SIGCONT on a terminal that was gone hung a viewer's shutdown for ever."""
+    v = PtyViewer("--no-local")
+    viewer.append(v)
+    v.wait_started()
+    v.proc.send_signal(signal.SIGCONT)
+    v.pump(1.0)
+    assert v.output.count(b"\x1b[?1049h") == 1  # the alternate screen entered once
+    v.proc.send_signal(signal.SIGTERM)
+    assert v.wait_exit(EXIT_BOUND_S) == 128 + signal.SIGTERM
+    assert_terminal_restored(v.output)
+
+
+def test_a_pane_destroyed_as_tmux_does_it_ends_the_viewer(viewer: list[PtyViewer]) -> None:
+    """tmux closes the pane's terminal and sends SIGHUP, then SIGCONT."""
+    v = PtyViewer("--no-local")
+    viewer.append(v)
+    v.wait_started()
+    os.close(v.master)
+    v.master_open = False
+    v.proc.send_signal(signal.SIGHUP)
+    v.proc.send_signal(signal.SIGCONT)
+    try:
+        code = v.proc.wait(timeout=EXIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {EXIT_BOUND_S} s after its pane was destroyed")
+    assert code in (INPUT_ENDED, 128 + signal.SIGHUP)  # whichever came first
 
 
 def test_no_terminal_is_a_usage_error_that_names_the_alternatives() -> None:
@@ -331,3 +365,44 @@ def test_a_real_hang_up_of_the_controlling_terminal_ends_the_viewer() -> None:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail(f"still running {EXIT_BOUND_S} s after its terminal hung up")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_closing_with_a_dead_output_thread_does_not_wait_for_ever() -> None:
+    """The output thread ended (EIO on a terminal that is gone) with its queue full:
+    Textual's close() would put the stop into that queue for ever."""
+    import errno
+    import io
+    import threading
+
+    from textual.drivers._writer_thread import MAX_QUEUED_WRITES, WriterThread
+
+    from gputop_dl.tui.driver import CLOSE_WAIT_S, GuardedDriver
+
+    class GoneTerminal(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+    driver = GuardedDriver.__new__(GuardedDriver)  # only close() and its writer are used
+    writer = WriterThread(GoneTerminal())
+    writer.start()
+    writer.write("frame")  # the thread ends on EIO
+    writer.join(5)
+    assert not writer.is_alive()
+    for _ in range(MAX_QUEUED_WRITES):
+        writer.write("frame")
+    driver._writer_thread = writer
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            driver.close()
+        except BaseException as exc:  # reported below, not lost in a thread
+            failed.append(exc)
+
+    closing = threading.Thread(target=close, daemon=True)
+    closing.start()
+    closing.join(CLOSE_WAIT_S * 2 + 3)
+    assert not closing.is_alive()
+    assert failed == []
+    assert driver._writer_thread is None

@@ -11,7 +11,9 @@ Two guards, both without touching site-packages:
 - **Signals.** SIGTERM, SIGHUP and SIGINT exit the app through its normal shutdown, so the
   terminal is restored (alternate screen off, mouse tracking off, cursor shown), with exit
   status 128 + the signal number. A second signal while that shutdown hangs restores the
-  terminal by hand and exits at once.
+  terminal by hand and exits at once. A SIGCONT that does not follow Textual's own
+  suspend is ignored, and the output thread is stopped with a bounded wait: a viewer
+  whose pane tmux destroyed (SIGHUP, then SIGCONT) hung in its shutdown for ever.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import selectors
 import signal
 from codecs import getincrementaldecoder
@@ -37,6 +40,7 @@ RESTORE = (
     "\x1b[?2004l\x1b[?7h\x1b[<u\x1b[?1049l\x1b[?25h\x1b[?1004l"
 )
 INPUT_ENDED = 0  # exit status when the terminal's input ends (a clean stop, nothing failed)
+CLOSE_WAIT_S = 1.0  # at most this long for the output thread to take its stop, and to end
 
 
 class GuardedDriver(LinuxDriver):
@@ -65,6 +69,27 @@ class GuardedDriver(LinuxDriver):
                     signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous_handlers = {}
         super().stop_application_mode()
+
+    def _sigcont_application(self, *args: Any) -> None:
+        # Textual starts application mode again on every SIGCONT, which only a resume
+        # after its own Ctrl+Z suspend needs. A stray SIGCONT (tmux destroying a pane
+        # sends SIGHUP then SIGCONT; systemd sends SIGCONT after SIGTERM) started a second
+        # writer thread on a terminal that may be gone, and the shutdown then waited for
+        # ever to hand that dead writer its stop.
+        if self._must_signal_resume and self.exit_signal is None:
+            super()._sigcont_application(*args)
+
+    def close(self) -> None:
+        """Stop the output thread, waiting a bounded time: a writer whose terminal is gone
+        (its thread ended on EIO, or blocks in write) would never take the stop from its
+        full queue. The thread is a daemon: the process exits without it."""
+        writer = self._writer_thread
+        if writer is None:
+            return
+        self._writer_thread = None
+        with contextlib.suppress(queue.Full):
+            writer._queue.put(None, timeout=CLOSE_WAIT_S)  # what WriterThread.stop puts
+        writer.join(CLOSE_WAIT_S)
 
     def _on_exit_signal(self, sig: int) -> None:
         if self.exit_signal is not None:  # the first one's shutdown is stuck: leave now
