@@ -35,6 +35,7 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("extend"), st.integers(1, 30), st.booleans()),
         st.tuples(st.just("popleft"), st.integers(1, 40), st.booleans()),
+        st.tuples(st.just("drop_oldest"), st.integers(0, 40), st.booleans()),
         st.tuples(st.just("drop_before"), st.integers(0, 400), st.booleans()),
     ),
     max_size=30,
@@ -56,6 +57,10 @@ def test_a_step_log_reads_as_a_deque(ops: list[Op], maxlen: int, keep: int) -> N
         elif op == "popleft":
             for _ in range(min(number, len(model))):
                 log.popleft()
+                model.popleft()
+        elif op == "drop_oldest":
+            log.drop_oldest(number)
+            for _ in range(min(number, len(model))):
                 model.popleft()
         else:
             end = T0 + 0.01 * number

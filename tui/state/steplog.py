@@ -50,7 +50,7 @@ class StepLog:
         self._chunks.append(chunk)
         self._len += count
         if self._len > self.maxlen:
-            self._drop(self._len - self.maxlen)
+            self.drop_oldest(self._len - self.maxlen)
         elif self._len == count:
             self.oldest_end = _end_at(chunk, 0)
 
@@ -74,11 +74,13 @@ class StepLog:
             first = chunks[0]
             whole = len(first) - self._skip
             if self._len - whole >= keep and _end_at(first, len(first) - 1) < end:
-                self._drop(whole)  # the whole chunk: one step
+                self.drop_oldest(whole)  # the whole chunk: one step
             else:
-                self._drop(1)
+                self.drop_oldest(1)
 
-    def _drop(self, count: int) -> None:
+    def drop_oldest(self, count: int) -> None:
+        """Drop the ``count`` oldest records (at most all of them), a chunk at a time."""
+        count = min(count, self._len)
         chunks = self._chunks
         self._len -= count
         while count:

@@ -501,8 +501,8 @@ class ViewerState:
             return
         share = max(MAX_WINDOW_RECORDS, MAX_TOTAL_STEP_RECORDS // len(runs))
         for run in runs:
-            while len(run.steps) > share:
-                run.steps.popleft()
+            if len(run.steps) > share:
+                run.steps.drop_oldest(len(run.steps) - share)
 
     def _pending_points(
         self, source: Run, connection: Connection, now: float
