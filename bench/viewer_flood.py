@@ -59,6 +59,16 @@ print(json.dumps({"cpu_pct": 100 * (c1 - c0) / (w1 - w0), "last": last, "rss": r
 """
 
 
+def publisher(tmp: Path, endpoint: str, seconds: float) -> subprocess.Popen[str]:
+    """RUNS simulated runs at STEPS_PER_S for ``seconds`` (bench/simulated.py)."""
+    args = (endpoint, RUNS, STEPS_PER_S, seconds, "flood")  # bench/simulated.py's argv
+    return subprocess.Popen(
+        [sys.executable, str(tmp / "pub.py"), *map(str, args)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_pipeline(endpoint: str, tmp: Path) -> tuple[float, int, int, int, int]:
     """(viewer CPU %, runs complete, runs seen, viewer RSS bytes, most steps missing)."""
     (tmp / "pub.py").write_text(SCRIPT)
@@ -69,19 +79,7 @@ def run_pipeline(endpoint: str, tmp: Path) -> tuple[float, int, int, int, int]:
         text=True,
     )
     time.sleep(0.5)
-    pub = subprocess.Popen(
-        [
-            sys.executable,
-            str(tmp / "pub.py"),
-            endpoint,
-            str(RUNS),
-            str(STEPS_PER_S),
-            str(SECONDS),
-            "flood",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    pub = publisher(tmp, endpoint, SECONDS)
     try:
         assert pub.stdout is not None and viewer.stdout is not None
         sent = json.loads(pub.stdout.readline())
@@ -109,18 +107,7 @@ def run_tui(endpoint: str, tmp: Path) -> float:
     env = f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
     command = f"exec env {env} {GPUTOP} {endpoint}"
     # The publisher first: the viewer refuses an endpoint where nothing listens (exit 1).
-    pub = subprocess.Popen(
-        [
-            sys.executable,
-            str(tmp / "pub.py"),
-            endpoint,
-            str(RUNS),
-            str(STEPS_PER_S),
-            str(SECONDS + 5.0),
-            "flood",
-        ],
-        stdout=subprocess.PIPE,
-    )
+    pub = publisher(tmp, endpoint, SECONDS + 5.0)
     time.sleep(1.0)
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
     try:

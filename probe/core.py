@@ -641,23 +641,7 @@ class Probe:
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
             b = st.base_for(raws[0][3])
             trunc = math.trunc
-            if phases:
-                with_phases: list[_Wire] = [
-                    (
-                        i,
-                        trunc((tn - b) * _US + 0.5),
-                        trunc((tn - t0) * _US + 0.5),
-                        None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
-                        n,
-                        None,
-                        None,
-                        _phase_items(phases.pop(i, None)),
-                    )
-                    for i, t0, t1, tn, n, _s, _e in raws
-                ]
-                _forget_before(phases, st.next_index)
-                return b + wall_offset, with_phases
-            return b + wall_offset, [
+            rows: list[_Wire] = [
                 (
                     i,
                     trunc((tn - b) * _US + 0.5),
@@ -667,6 +651,10 @@ class Probe:
                 )
                 for i, t0, t1, tn, n, _s, _e in raws
             ]
+            if phases:  # named phases (rare): the rows run on to field 7
+                rows = [(*row, None, None, _phase_items(phases.pop(row[0], None))) for row in rows]
+                _forget_before(phases, st.next_index)
+            return b + wall_offset, rows
         now = time.monotonic()
         pending = st.pending
         pending.extend((raw, now) for raw in raws)

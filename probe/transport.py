@@ -171,14 +171,10 @@ class Publisher:
         self._poller.register(self._wake_rx, zmq.POLLIN)
         self._poller.register(self._zap, zmq.POLLIN)
         try:
-            self._sock.bind(endpoint)
-        except zmq.ZMQError as exc:
+            self.endpoint = _bind(self._sock, endpoint)
+        except TransportError:
             self.close()
-            raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from None
-        # With a wildcard port ("tcp://127.0.0.1:*") the real address is known only now.
-        last = self._sock.getsockopt(zmq.LAST_ENDPOINT)
-        if isinstance(last, bytes) and last:
-            self.endpoint = last.decode()
+            raise
 
     def send(self, frames: list[bytes]) -> bool:
         """Queue one message; False if it had to be dropped (never blocks).
@@ -567,12 +563,10 @@ class Forwarder:
         self._ctl_tx.connect(ctl)
         self._tap: zmq.Socket[bytes] | None = None
         try:
-            self._back.bind(endpoint)
-        except zmq.ZMQError as exc:
+            self.endpoint = _bind(self._back, endpoint)
+        except TransportError:
             self._close_sockets()
-            raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from None
-        last = self._back.getsockopt(zmq.LAST_ENDPOINT)
-        self.endpoint = last.decode() if isinstance(last, bytes) and last else endpoint
+            raise
         if listen is None:
             self._tap = self._ctx.socket(zmq.SUB)
             self._tap.setsockopt(zmq.RCVHWM, RECV_HWM)
@@ -649,6 +643,17 @@ class Forwarder:
                     sock.close(linger=0)
         with contextlib.suppress(Exception):
             self._ctx.term()
+
+
+def _bind(sock: zmq.Socket[bytes], endpoint: str) -> str:
+    """Bind ``sock`` to ``endpoint``; the address it listens on (with a wildcard port,
+    "tcp://127.0.0.1:*", the real one is known only now)."""
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from None
+    last = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return last.decode() if isinstance(last, bytes) and last else endpoint
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:

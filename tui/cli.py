@@ -33,6 +33,7 @@ from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
 from gputop_dl.tui.record import commands as recording
+from gputop_dl.tui.stopsignals import StopSignals
 
 COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export", "relay", "keys")
 SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
@@ -531,23 +532,11 @@ def cmd_agent(argv: list[str]) -> int:
     if not agent.enabled:
         _error("gputop agent", f"could not start, nothing is published: {agent.error}")
         return EXIT_NO_RUN
-    done = threading.Event()
-    received: list[int] = []
-
-    def stop(sig: int, _frame: Any) -> None:
-        received.append(sig)
-        done.set()
-
-    # Before the line that tells a supervisor we are up: a signal sent on reading it
-    # must find these handlers, not Python's default KeyboardInterrupt.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
+    signals = StopSignals()  # before the line that tells a supervisor we are up
     print(f"gputop agent publishing on {agent.endpoint}", flush=True)
-    done.wait()
+    signals.done.wait()
     agent.close("agent stopped")
-    # SIGINT is how people stop it by hand (exit 0); SIGTERM/SIGHUP from a supervisor or a
-    # lost terminal give 128+n, as for any process ended by a signal.
-    return EXIT_OK if received[0] == signal.SIGINT else 128 + received[0]
+    return signals.exit_status(EXIT_OK)
 
 
 # ---------------------------------------------------------------------- snapshot

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import signal
 import socket
 import sys
 import threading
@@ -26,6 +25,7 @@ from gputop_dl.tui import metrics
 from gputop_dl.tui.events import SourceEvent
 from gputop_dl.tui.metrics import Figures, RunFigures, StepTotals
 from gputop_dl.tui.state import ViewerState
+from gputop_dl.tui.stopsignals import StopSignals
 
 DEFAULT_LISTEN = "127.0.0.1:9477"
 TICK_S = 1.0  # the viewer's verdicts are recomputed about once a second
@@ -205,26 +205,18 @@ def cmd_exporter(argv: list[str]) -> int:
         why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
         print(f"gputop exporter: cannot listen on {shown}: {why}", file=sys.stderr)
         return EXIT_NO_RUN
-    done = threading.Event()
-    received: list[int] = []
-
-    def stop(sig: int, _frame: Any) -> None:
-        received.append(sig)
-        done.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
+    signals = StopSignals()
     exporter.start()
     bound = server.server_address[1]
     url_host = f"[{host}]" if ":" in host else host
     print(f"gputop exporter serving http://{url_host}:{bound}/metrics", flush=True)
     try:
-        done.wait()
+        signals.done.wait()
     finally:
         server.shutdown()
         server.server_close()
         exporter.stop()
-    return EXIT_OK if received[0] == signal.SIGINT else 128 + received[0]
+    return signals.exit_status(EXIT_OK)
 
 
 __all__ = ["Exporter", "cmd_exporter", "parse_listen"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import socket
 import struct
 import sys
@@ -23,6 +22,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from gputop_dl.probe import discovery
+from gputop_dl.tui.stopsignals import StopSignals
 
 MAGIC = b"GPUTOP-RELAY 1\n"  # first bytes of a stdio stream; a new framing gets a new number
 MAX_FRAMES = 8  # frames per message (gputop messages have 2)
@@ -185,15 +185,8 @@ def cmd_relay(argv: list[str]) -> int:
     except TransportError as exc:
         error("gputop relay", str(exc))
         return EXIT_NO_RUN
-    done = threading.Event()
-    received: list[int] = []
-
-    def stop(sig: int, _frame: Any) -> None:
-        received.append(sig)
-        done.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
+    signals = StopSignals()
+    done = signals.done
     registered = False
     try:
         if args.stdio:
@@ -221,9 +214,7 @@ def cmd_relay(argv: list[str]) -> int:
         if registered:
             discovery.unregister(os.getpid())
         forwarder.close()
-    if not received or received[0] == signal.SIGINT:
-        return EXIT_OK
-    return 128 + received[0]
+    return signals.exit_status(EXIT_OK)
 
 
 def _watch_stdin(done: threading.Event) -> None:

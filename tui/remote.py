@@ -23,9 +23,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode
 from gputop_dl.tui.events import BadInput, Emit, EndpointState, Received, Source, SourceEvent
 from gputop_dl.tui.relay import FrameReader, FramingError
+from gputop_dl.tui.source import event_of
 
 ENV_REMOTE_COMMAND = "GPUTOP_REMOTE_COMMAND"
 ENV_SSH = "GPUTOP_SSH"  # the ssh program (default: ssh on PATH)
@@ -222,20 +222,9 @@ class _Host:
                     kept -= len(self.stderr.popleft())
 
     def _decode(self, frames: list[bytes]) -> Received | BadInput | None:
-        wall = time.time()
-        try:
-            return Received(decode(frames), wall)
-        except IncompatibleVersion as exc:
-            text, theirs, hint = str(exc), exc.theirs, exc.source_id
-        except ProtocolError as exc:
-            text, theirs, hint = f"malformed message ignored: {exc}", None, None
-        except Exception as exc:  # a decoder bug costs one message, not the link
-            text, theirs, hint = f"unreadable message ignored ({type(exc).__name__})", None, None
-        now = time.monotonic()
-        if now - self._last_error.get(text, -1e9) < 1.0:
-            return None
-        self._last_error[text] = now
-        return BadInput(f"{self.target.host}: {text}"[:500], wall, theirs, hint)
+        return event_of(
+            frames, time.time(), self._last_error, time.monotonic(), f"{self.target.host}: "
+        )
 
     def _end(self, proc: subprocess.Popen[bytes]) -> None:
         """Close ssh's input (the relay ends by itself), then make sure it is gone."""

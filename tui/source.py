@@ -8,7 +8,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gputop_dl.probe import discovery
@@ -136,18 +136,7 @@ class ZmqSource(ThreadSource):
         wall = time.time()
         if self.raw_tap is not None:
             self._tap(frames, wall)
-        try:
-            return Received(decode(frames), wall)
-        except IncompatibleVersion as exc:
-            text, theirs, hint = str(exc), exc.theirs, exc.source_id
-        except ProtocolError as exc:
-            text, theirs, hint = f"malformed message ignored: {exc}", None, None
-        except Exception as exc:
-            text = f"unreadable message ignored ({type(exc).__name__}: {exc})"
-            theirs, hint = None, None
-        if _should_report(self._last_error, text, now):
-            return BadInput(text[:500], wall, theirs, hint)
-        return None
+        return event_of(frames, wall, self._last_error, now)
 
     def _tap(self, frames: list[bytes], received: float) -> None:
         tap = self.raw_tap
@@ -184,6 +173,31 @@ class ZmqSource(ThreadSource):
                 sub.disconnect(endpoint)
                 events.append(EndpointState(endpoint, "detached", "process ended", name))
         return events
+
+
+def event_of(
+    frames: Sequence[bytes],
+    wall: float,
+    last_error: dict[str, float],
+    now: float,
+    prefix: str = "",
+) -> Received | BadInput | None:
+    """What a viewer makes of one message's frames received at ``wall``: the message, or
+    a report of why there is none (the same text at most once per BAD_INPUT_REPEAT_S of
+    ``now``, kept in ``last_error``). Any exception counts: a decoder bug must cost one
+    message, not the thread. Live sources, ssh links and replays all use this."""
+    try:
+        return Received(decode(frames), wall)
+    except IncompatibleVersion as exc:
+        text, theirs, hint = str(exc), exc.theirs, exc.source_id
+    except ProtocolError as exc:
+        text, theirs, hint = f"malformed message ignored: {exc}", None, None
+    except Exception as exc:
+        text = f"unreadable message ignored ({type(exc).__name__}: {exc})"
+        theirs, hint = None, None
+    if _should_report(last_error, text, now):
+        return BadInput(f"{prefix}{text}"[:500], wall, theirs, hint)
+    return None
 
 
 def _should_report(last: dict[str, float], text: str, now: float) -> bool:

@@ -10,13 +10,13 @@ import re
 import signal
 import socket
 import sys
-import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gputop_dl.tui.record.format import CODEC_NAMES, NotARecording
 from gputop_dl.tui.record.writer import MIN_MAX_SIZE
+from gputop_dl.tui.stopsignals import StopSignals
 
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -98,14 +98,7 @@ def cmd_record(argv: list[str]) -> int:
         local_sampler=not args.no_local and not only_remote,
         raw_tap=recorder.tap,
     )
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(sig: int, _frame: Any) -> None:
-        received.append(sig)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = StopSignals((signal.SIGINT, signal.SIGTERM))
     print(
         f"gputop record: recording to {args.file} ({CODEC_NAMES[writer.codec]}); Ctrl-C stops",
         file=sys.stderr,
@@ -113,12 +106,11 @@ def cmd_record(argv: list[str]) -> int:
     )
     source.start(lambda events: None)  # the tap sees every frame; decoded events unused
     try:
-        stop.wait(args.duration)
+        signals.done.wait(args.duration)
     finally:
         source.stop()
         recorder.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signals.restore()
     parts = writer.part + 1
     print(
         f"gputop record: {writer.frames} messages, {writer.bytes_written} bytes"
@@ -129,9 +121,7 @@ def cmd_record(argv: list[str]) -> int:
     if recorder.error is not None:
         print(f"gputop record: {recorder.error}", file=sys.stderr)
         return EXIT_NO_RUN
-    if received and received[0] != signal.SIGINT:
-        return 128 + received[0]
-    return EXIT_OK
+    return signals.exit_status(EXIT_OK)
 
 
 # ----------------------------------------------------------- replay and snapshot

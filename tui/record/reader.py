@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode
 from gputop_dl.tui.events import BadInput, Received
 from gputop_dl.tui.record.format import (
     Entry,
@@ -24,7 +23,7 @@ from gputop_dl.tui.record.format import (
     read_header,
 )
 from gputop_dl.tui.record.writer import part_path
-from gputop_dl.tui.source import _should_report
+from gputop_dl.tui.source import event_of
 
 MAX_PARTS = 100_000
 
@@ -74,19 +73,8 @@ def open_recording(path: str | Path) -> Recording:
 
 
 def decode_entry(entry: Entry, last_error: dict[str, float]) -> ReplayEvent | None:
-    """What the live source (tui.source.ZmqSource._decode) makes of these frames."""
-    try:
-        return Received(decode(entry.frames), entry.received)
-    except IncompatibleVersion as exc:
-        text, theirs, hint = str(exc), exc.theirs, exc.source_id
-    except ProtocolError as exc:
-        text, theirs, hint = f"malformed message ignored: {exc}", None, None
-    except Exception as exc:
-        text = f"unreadable message ignored ({type(exc).__name__}: {exc})"
-        theirs, hint = None, None
-    if _should_report(last_error, text, entry.received):
-        return BadInput(text[:500], entry.received, theirs, hint)
-    return None
+    """What the live source makes of these frames, on the recorded clock."""
+    return event_of(entry.frames, entry.received, last_error, entry.received)
 
 
 @dataclass
