@@ -347,6 +347,31 @@ def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
 
 
 @pytest.mark.parametrize(
+    ("workers", "line"),
+    [
+        (
+            0,
+            "the main process loads the batches itself and uses only 20 % of a core while "
+            "the loop waits for them: it is blocked, and the node reads",
+        ),
+        (
+            4,
+            "the loader workers use only 20 % of a core while the loop waits for them: "
+            "they are blocked, and the node reads",
+        ),
+    ],
+)
+def test_blocked_loader_evidence_names_who_waits(workers: int, line: str) -> None:
+    steps = make_steps(wait=INPUT)
+    now = steps[-1].end_time + 0.05
+    procs = processes(20.0, [20.0] * workers) if workers else processes(20.0)
+    blocked = {"procs": procs, "disk_read": 400e6, "disk_busy": 50.0}
+    v = analyze(window(steps, systems(now, 2, **blocked), hello(workers)))
+    assert v.cause == "disk", v
+    assert line in v.evidence, v.evidence
+
+
+@pytest.mark.parametrize(
     ("n", "period", "kind"),
     [
         (4, 0.1, "warming-up"),  # 0.4 s of steps: too little

@@ -336,10 +336,17 @@ def _blocked_loader(ctx: Context) -> Cause | None:
     if not ctx.io_active or is_network_fs(ctx.host.data_fs_type):
         return None
     who = "the main process" if ctx.workers == 0 else "the loader workers"
-    line = (
-        f"{who} use only {fmt.pct_value(cpu)} of a core while the loop waits for them: "
-        "they are blocked, and the node reads"
-    )
+    share = fmt.pct_value(cpu)
+    if ctx.workers == 0:  # it loads the batches itself (num_workers=0)
+        line = (
+            f"the main process loads the batches itself and uses only {share} of a core "
+            "while the loop waits for them: it is blocked, and the node reads"
+        )
+    else:
+        line = (
+            f"the loader workers use only {share} of a core while the loop waits for them: "
+            "they are blocked, and the node reads"
+        )
     return Cause(
         "disk",
         0.65,
