@@ -32,6 +32,8 @@ REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
 HISTORY = os.environ.get("GPUTOP_BENCH_HISTORY", "1") != "0"
 # Extra viewer arguments, e.g. "--refresh 1" to compare at btop's and glances' rate.
 VIEWER_ARGS = os.environ.get("GPUTOP_BENCH_VIEWER_ARGS", "")
+# GPUTOP_BENCH_COMPARE=0 measures the viewer only (interleaved before/after runs of it).
+COMPARE = os.environ.get("GPUTOP_BENCH_COMPARE", "1") != "0"
 TMUX = ["tmux", "-L", f"gputop-bench-{os.getpid()}"]  # never the user's (or another's) server
 ROOT = Path(__file__).resolve().parent.parent
 GPUTOP = str(Path(sys.executable).parent / "gputop")
@@ -184,22 +186,26 @@ def main() -> None:
             try:
                 time.sleep(1.0)
                 for _ in range(REPEATS):
-                    first, cpu = measure("gputop", f"exec {env} {GPUTOP} {VIEWER_ARGS} {endpoint}", "bench-run")
+                    first, cpu = measure(
+                        "gputop", f"exec {env} {GPUTOP} {VIEWER_ARGS} {endpoint}", "bench-run"
+                    )
                     cpus.append(cpu)
                     firsts.append(first)
             finally:
                 pub.kill()
                 pub.wait()
         print(
-            f"gputop viewer {VIEWER_ARGS or '(default refresh)'}, 200x50, 150 steps/s, 64 cores, 8 GPUs, 8 HPUs "
-            f"at 1 Hz, {'120 s history replayed on attach' if HISTORY else 'no history'}, "
+            f"gputop viewer {VIEWER_ARGS or '(default refresh)'}, 200x50, 150 steps/s, "
+            f"64 cores, 8 GPUs, 8 HPUs at 1 Hz, "
+            f"{'120 s history replayed on attach' if HISTORY else 'no history'}, "
             f"{REPEATS} x {MEASURE_S:.0f} s: {spread(cpus)}; first frame "
             f"median {statistics.median(firsts):.2f} s"
         )
-        for tool, command, ready in (
+        tools = (
             ("btop", "exec btop --utf-force", "cpu"),
             ("glances", "exec glances -t 1", "CPU"),
-        ):
+        )
+        for tool, command, ready in tools if COMPARE else ():
             if not shutil.which(tool):
                 print(f"{tool} not installed: no comparison")
                 continue

@@ -406,3 +406,71 @@ def test_closing_with_a_dead_output_thread_does_not_wait_for_ever() -> None:
     assert not closing.is_alive()
     assert failed == []
     assert driver._writer_thread is None
+
+
+def _wakeups(thread_id: int) -> int:
+    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
+    return int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", status)[1])  # type: ignore[index]
+
+
+def test_the_idle_input_thread_sleeps_yet_sees_a_lone_escape_and_the_shutdown() -> None:
+    """Upstream polls the terminal ten times a second. Here the input thread blocks until
+    input or shutdown; a lone ESC (which the parser holds for ESCAPE_DELAY in case a
+    sequence follows) still comes out, and setting ``exit_event`` ends a blocked thread."""
+    import threading
+
+    from textual import events
+
+    from gputop_dl.tui.driver import GuardedDriver, WakingEvent
+
+    read_fd, write_fd = os.pipe()
+    driver = GuardedDriver.__new__(GuardedDriver)  # only the input loop is used
+    driver._debug = False
+    driver.fileno = read_fd
+    driver.exit_event = WakingEvent()
+    received: list[object] = []
+    driver.process_message = received.append  # type: ignore[method-assign]
+    thread = threading.Thread(target=driver.run_input_thread, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)  # past the first escape delay: asleep from here on
+        assert thread.native_id is not None
+        before = _wakeups(thread.native_id)
+        time.sleep(1.0)
+        assert _wakeups(thread.native_id) - before <= 2  # upstream: ~10
+        os.write(write_fd, b"\x1b")
+        end = time.monotonic() + EXIT_BOUND_S
+        while not received and time.monotonic() < end:
+            time.sleep(0.02)
+        assert [e.key for e in received if isinstance(e, events.Key)] == ["escape"]
+        time.sleep(0.5)
+        driver.exit_event.set()
+        thread.join(EXIT_BOUND_S)
+        assert not thread.is_alive()
+        driver.exit_event.clear()  # as disable_input does: the pipe is emptied
+        assert select.select([driver.exit_event.wake_fd], [], [], 0)[0] == []
+    finally:
+        driver.exit_event.set()
+        thread.join(EXIT_BOUND_S)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.parametrize(
+    ("ticked_after", "wakes", "expected"),
+    [  # ticked_after: in escape delays after the last input
+        (0.0, True, 0.1),  # just fed: the parser may hold an ESC
+        (0.5, True, 0.1),  # within the escape delay
+        (1.0, True, None),  # ticked after the delay: nothing pending, sleep
+        (50.0, True, None),
+        (50.0, False, 0.1),  # no wake pipe: poll for the shutdown as upstream
+    ],
+)
+def test_select_timeout(ticked_after: float, wakes: bool, expected: float | None) -> None:
+    from textual import constants
+
+    from gputop_dl.tui.driver import select_timeout
+
+    fed_at = 1000.0
+    ticked_at = fed_at + ticked_after * constants.ESCAPE_DELAY
+    assert select_timeout(fed_at, ticked_at, wakes) == expected

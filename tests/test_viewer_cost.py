@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 from fakes_tui import HOST, LONG_INPUT_BOUND, T0, FakeSource, live_run, system_sample
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Span, Text
 
@@ -88,6 +89,29 @@ def test_trusted_text_is_the_text_rich_would_build() -> None:
     ours.append(" more", bold)  # and it stays a working Text
     rich.append(" more", bold)
     assert same_line(ours, rich)
+
+
+def test_span_styles_kept_across_lines_give_the_segments_of_a_fresh_combination() -> None:
+    """A panel keeps its span styles combined with its base style from line to line; a
+    line with a style of its own is combined afresh (the kept ones would miss it)."""
+    base = Style(color="white", bgcolor="black")
+    dim, bold = Style(dim=True), Style(bold=True)
+    lines = [
+        Text("cpu 0 ███  12%", spans=[Span(0, 5, dim), Span(6, 9, bold)]),
+        Text(" 1 █  3%", spans=[Span(0, 3, dim), Span(3, 4, bold), Span(6, 99, "red")]),
+        Text("all lost", "italic", spans=[Span(4, 8, dim)]),
+        Text("tabs\there", spans=[Span(0, 2, dim)]),
+        Text("overlap", spans=[Span(0, 4, dim), Span(2, 6, bold)]),
+        Text(""),
+    ]
+    kept: dict[Style | str, Style | None] = {}
+    for line in lines:
+        assert line_segments(line, base, kept) == line_segments(line, base)
+    assert line_segments(lines[2], base, kept) == [
+        Segment("all ", base + Style(italic=True)),
+        Segment("lost", base + Style(italic=True) + dim),
+    ]
+    assert set(kept) == {dim, bold, "red"}  # from the lines without a style of their own
 
 
 def _screen_text(panel: Banner) -> str:

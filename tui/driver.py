@@ -8,6 +8,9 @@ Two guards, both without touching site-packages:
   stops on EOF or a read error (EBADF, EIO) and asks the app to exit. Drop this override
   when Textual ships the fix (upstream Textualize/textual PR #6690) and raise the
   ``viewer`` extra's lower bound in pyproject.toml to that release.
+- **Idle input.** Upstream's input thread wakes ten times a second to poll an idle
+  terminal. Here it sleeps until a key, a shutdown (``exit_event`` also writes to a wake
+  pipe) or, only while the parser may hold a lone ESC, its escape delay.
 - **Signals.** SIGTERM, SIGHUP and SIGINT exit the app through its normal shutdown, so the
   terminal is restored (alternate screen off, mouse tracking off, cursor shown), with exit
   status 128 + the signal number. A second signal while that shutdown hangs restores the
@@ -24,10 +27,14 @@ import os
 import queue
 import selectors
 import signal
+import threading
+import weakref
 from codecs import getincrementaldecoder
 from collections.abc import Callable
 from typing import Any
 
+from textual import constants
+from textual._time import get_time
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
 
@@ -41,6 +48,34 @@ RESTORE = (
 )
 INPUT_ENDED = 0  # exit status when the terminal's input ends (a clean stop, nothing failed)
 CLOSE_WAIT_S = 1.0  # at most this long for the output thread to take its stop, and to end
+POLL_S = 0.1  # upstream's select timeout: kept only while the parser may wait for a key
+
+
+class WakingEvent(threading.Event):
+    """An Event whose ``set`` also makes a pipe readable, so that a thread blocked in
+    ``select`` on :attr:`wake_fd` sees it at once (``clear`` empties the pipe again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wake_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        weakref.finalize(self, _close_fds, self.wake_fd, self._write_fd)
+
+    def set(self) -> None:
+        super().set()
+        with contextlib.suppress(OSError):  # full: already readable
+            os.write(self._write_fd, b"x")
+
+    def clear(self) -> None:
+        super().clear()
+        with contextlib.suppress(OSError):  # empty
+            while os.read(self.wake_fd, 4096):
+                pass
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class GuardedDriver(LinuxDriver):
@@ -48,6 +83,10 @@ class GuardedDriver(LinuxDriver):
 
     exit_signal: int | None = None
     _previous_handlers: dict[int, Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.exit_event = WakingEvent()  # wakes the input thread on shutdown
 
     def start_application_mode(self) -> None:
         super().start_application_mode()
@@ -99,14 +138,20 @@ class GuardedDriver(LinuxDriver):
         self._app.exit(return_code=128 + sig)
 
     def run_input_thread(self) -> None:
-        """Upstream's input loop, ending at EOF or on a read error instead of spinning."""
+        """Upstream's input loop, ending at EOF or on a read error instead of spinning,
+        and asleep while there is nothing to read (see :func:`select_timeout`)."""
+        exit_event = self.exit_event
         selector = selectors.SelectSelector()
         selector.register(self.fileno, selectors.EVENT_READ)
+        if isinstance(exit_event, WakingEvent):
+            selector.register(exit_event.wake_fd, selectors.EVENT_READ)
         parser = XTermParser(self._debug)
         decode: Callable[..., str] = getincrementaldecoder("utf-8")().decode
+        fed_at = ticked_at = get_time()
         try:
-            while not self.exit_event.is_set():
-                ready = selector.select(0.1)
+            while not exit_event.is_set():
+                timeout = select_timeout(fed_at, ticked_at, isinstance(exit_event, WakingEvent))
+                ready = [key for key, _ in selector.select(timeout) if key.fd == self.fileno]
                 if ready:
                     try:
                         data = os.read(self.fileno, 4096)
@@ -117,6 +162,8 @@ class GuardedDriver(LinuxDriver):
                         return
                     for event in parser.feed(decode(data)):
                         self.process_message(event)
+                    fed_at = get_time()
+                ticked_at = get_time()
                 for event in parser.tick():
                     self.process_message(event)
         finally:
@@ -128,6 +175,16 @@ class GuardedDriver(LinuxDriver):
     def _end_of_input(self) -> None:
         """Called on the input thread: nobody can type any more, so exit (never block)."""
         self._loop.call_soon_threadsafe(self._app.exit, None, INPUT_ENDED)
+
+
+def select_timeout(fed_at: float, ticked_at: float, wakes: bool) -> float | None:
+    """How long the input thread may wait for input: for ever (None) once the parser's
+    ``tick`` has run ESCAPE_DELAY after the last input (a lone ESC it held is out by then,
+    nothing else is pending), else POLL_S as upstream. Without a wake pipe the shutdown
+    is only seen by polling: POLL_S."""
+    if wakes and ticked_at >= fed_at + constants.ESCAPE_DELAY:
+        return None
+    return POLL_S
 
 
 def _restore_terminal() -> None:

@@ -78,7 +78,8 @@ def usable_steps(steps: Sequence[StepRecord], skip: int = 0) -> list[StepRecord]
     """Steps that can enter statistics: not step 0 (nor the ``skip`` steps after it), with a
     positive finite period."""
     first = SKIP_FIRST_STEPS + skip
-    return [s for s in steps if s.index >= first and s.period_s > 0 and math.isfinite(s.period_s)]
+    inf = math.inf  # 0 < p < inf: positive and finite (NaN fails both), one comparison chain
+    return [s for s in steps if s.index >= first and 0 < s.period_s < inf]
 
 
 def recent(steps: Sequence[StepRecord], window_s: float = STEP_WINDOW_S) -> list[StepRecord]:
@@ -146,7 +147,9 @@ def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> Step
     span = sum(periods)
 
     waited = [s for s in kept if s.wait_s is not None]
-    waits = [min(s.wait_s or 0.0, s.period_s) for s in waited]  # a wait within its step
+    # A wait within its step. Here and below min(a, b) is written ``b if b < a else a``:
+    # the same result (NaN included), without a call per step.
+    waits = [p if (p := s.period_s) < (w := s.wait_s or 0.0) else w for s in waited]
     wait_share = _share(waits, [s.period_s for s in waited])
 
     counted = [s for s in kept if s.samples is not None]
@@ -158,7 +161,7 @@ def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> Step
     # With device timing, the wait costs only the part the device sat idle through: the
     # device may still drain queued work while the host waits for the next batch.
     both = [s for s in idled if s.wait_s is not None]
-    idle_waits = [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both]
+    idle_waits = [w if (w := s.wait_s or 0.0) < (i := s.device_idle_s or 0.0) else i for s in both]
 
     # A device that caught up while the host waited for data waits for the data, not for
     # the host's own work: only steps with a small data wait can show host overhead.
@@ -208,19 +211,19 @@ def agreeing_time(
     steps with the same split.
     """
     total = 0.0
-    chunk: list[StepRecord] = []
-    chunk_s: float = 0  # sum(s.period_s for s in chunk), kept as it grows (same order)
-    for step in reversed(steps):
+    chunk_s: float = 0  # the periods of steps[start:end], added newest first
+    start = end = len(steps)  # the chunk being filled: steps[start:end]
+    while start > 0:
         if total + chunk_s >= CONFIDENCE_HORIZON_S:
             break
-        chunk.append(step)
-        chunk_s += step.period_s
+        start -= 1
+        chunk_s += steps[start].period_s
         if chunk_s >= CHUNK_S:
-            if not agrees(chunk):
+            if not agrees(steps[start:end][::-1]):  # newest first, the order it was filled in
                 return total
             total += chunk_s
-            chunk, chunk_s = [], 0
-    if chunk and agrees(chunk):
+            end, chunk_s = start, 0
+    if start < end and agrees(steps[start:end][::-1]):
         total += chunk_s
     return total
 
@@ -228,10 +231,13 @@ def agreeing_time(
 def lost_share(steps: Sequence[StepRecord]) -> float | None:
     """The data wait's cost over ``steps`` as StepStats.lost_share computes it."""
     both = [s for s in steps if s.device_idle_s is not None and s.wait_s is not None]
-    if both:
+    if both:  # min(idle, wait) and min(wait, period) written out as in step_stats
         return _share(
-            [min(s.device_idle_s or 0.0, s.wait_s or 0.0) for s in both],
+            [w if (w := s.wait_s or 0.0) < (i := s.device_idle_s or 0.0) else i for s in both],
             [s.period_s for s in both],
         )
     waited = [s for s in steps if s.wait_s is not None]
-    return _share([min(s.wait_s or 0.0, s.period_s) for s in waited], [s.period_s for s in waited])
+    return _share(
+        [p if (p := s.period_s) < (w := s.wait_s or 0.0) else w for s in waited],
+        [s.period_s for s in waited],
+    )

@@ -65,6 +65,7 @@ def trusted_text(plain: str, spans: list[Span] | None = None, style: Style | str
 
 Part = tuple[str, Style | None]
 MAX_BARS = 4096  # distinct bars a panel keeps styled (emptied when full)
+MAX_SPAN_STYLES = 1024  # distinct span styles a panel keeps combined with its base style
 
 
 def assemble(parts: Iterable[Part]) -> Text:
@@ -94,10 +95,13 @@ def _as_style(style: str | Style | None) -> Style:
     return style if isinstance(style, Style) else Style.parse(style)
 
 
-def line_segments(line: Text, base: Style) -> list[Segment] | None:
+def line_segments(
+    line: Text, base: Style, styles: dict[Style | str, Style | None] | None = None
+) -> list[Segment] | None:
     """The segments Rich would render for one line of a panel under ``base`` (the
     widget's own colours), or None when the line needs Rich's general algorithm
-    (overlapping spans, tabs)."""
+    (overlapping spans, tabs). ``styles`` keeps each span style combined with ``base``
+    across the lines of one panel (for lines without a style of their own)."""
     plain = line.plain
     if not plain:
         return []
@@ -105,25 +109,29 @@ def line_segments(line: Text, base: Style) -> list[Segment] | None:
         return None
     line_style = base + _as_style(line.style)
     outside = line_style or None
-    combined: dict[Style | str, Style | None] = {}
+    combined = styles if styles is not None and not line.style else {}
     segments: list[Segment] = []
+    append = segments.append
     position = 0
     length = len(plain)
     for start, end, style in line.spans:
         if start < position:
             return None  # overlapping spans: the order of styles matters
-        end = min(end, length)
+        if end > length:
+            end = length
         if end <= start:
             continue
         if start > position:
-            segments.append(Segment(plain[position:start], outside))
+            append(Segment(plain[position:start], outside))
         inside = combined.get(style, _NULL)
         if inside is _NULL:
+            if len(combined) >= MAX_SPAN_STYLES:  # bounded: emptied when full
+                combined.clear()
             inside = combined[style] = line_style + _as_style(style) or None
-        segments.append(Segment(plain[start:end], inside))
+        append(Segment(plain[start:end], inside))
         position = end
     if position < length:
-        segments.append(Segment(plain[position:], outside))
+        append(Segment(plain[position:], outside))
     return segments
 
 
@@ -196,6 +204,7 @@ class Panel(Widget):
         self._line_strips: dict[int, tuple[Text, Strip]] = {}
         self._line_strips_key: tuple[int, Style] | None = None
         self._component_rich: dict[str, Style] = {}
+        self._span_styles: dict[Style | str, Style | None] = {}  # see ``line_segments``
         self._bars: dict[tuple[object, ...], tuple[Part, ...]] = {}  # see ``bar_parts``
         self._shown: object = object()  # what ``show`` was last given (see ``unchanged``)
         self._border_title_text: str | None = None
@@ -244,6 +253,8 @@ class Panel(Widget):
         key = (width, base)
         if key != self._strips_key:
             reuse = self._line_strips if self._line_strips_key == key else {}
+            if self._line_strips_key is None or self._line_strips_key[1] != base:
+                self._span_styles = {}  # combined with another base style
             strips, line_strips = [], {}
             for line in lines or [Text()]:
                 kept = reuse.get(id(line))
@@ -257,7 +268,7 @@ class Panel(Widget):
         return self._strips
 
     def _strip(self, line: Text, width: int, base: Style) -> Strip:
-        segments = line_segments(line, base)
+        segments = line_segments(line, base, self._span_styles)
         if segments is None:  # Rich's own rendering, as for any renderable
             console = self.app.console
             options = self.app.console_options.update(highlight=False, width=width)
@@ -274,6 +285,7 @@ class Panel(Widget):
         # A class or theme change may change the component styles the lines were built with.
         self._lines_key = self._strips_key = self._line_strips_key = None
         self._component_rich.clear()
+        self._span_styles = {}
         self._bars.clear()
         super().notify_style_update()
 

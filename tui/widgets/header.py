@@ -24,20 +24,23 @@ STATE_GLYPHS = {
 def _fit(fields: Sequence[tuple[int, Text]], width: int, separator: str = "  ") -> Text:
     """Join the fields that fit in ``width``, keeping the lowest priority numbers first
     and the original order on screen."""
+    lengths = [text.cell_len for _priority, text in fields]  # measured once each
     chosen: set[int] = set()
     used = 0
-    for position, (_priority, text) in sorted(enumerate(fields), key=lambda item: item[1][0]):
-        extra = text.cell_len + (len(separator) if chosen else 0)
+    for position in sorted(range(len(fields)), key=lambda i: fields[i][0]):
+        extra = lengths[position] + (len(separator) if chosen else 0)
         if used + extra > width and chosen:
             continue
         chosen.add(position)
         used += extra
     line = Text()
+    filled = False  # the line has cells (not measured again at each field)
     for position, (_priority, text) in enumerate(fields):
         if position in chosen:
-            if line.cell_len:
+            if filled:
                 line.append(separator)
             line.append_text(text)
+            filled = filled or lengths[position] > 0
     return line
 
 
