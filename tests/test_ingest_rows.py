@@ -81,6 +81,13 @@ CASES: dict[str, list[list[StepRecord]]] = {
     "some report a wait, some do not": [
         [rec(i, T0 + 0.01 * i, 0.01, wait=0.003 if i % 2 else None) for i in range(1, 60)]
     ],
+    "some report device time, some do not": [
+        [
+            rec(i, T0 + 0.01 * i, 0.01, wait=0.003, device=0.02 if i % 3 else None)
+            for i in range(1, 60)
+        ]
+    ],
+    "no wait or device time across buckets": flushes(steady(0, 40, 0.13, samples=None), 7),
     "phases": [
         STEADY[:10],
         [rec(10, T0 + 0.2, 0.1, phases=(("forward", 0.04), ("backward", 0.05)))],
@@ -202,6 +209,7 @@ IRREGULAR = {
     "index going backwards": [STEADY[12], STEADY[11]],
     "end going backwards": [rec(12, T0 + 0.2, 0.01), rec(13, T0 + 0.19, 0.01)],
     "wait over the period": [rec(12, T0 + 0.2, 0.01, wait=0.02)],
+    "wait over the period of a step across buckets": [rec(12, T0 + 0.6, 0.3, wait=0.31)],
     "zero period": [rec(12, T0 + 0.2, 0.0)],
     "a day ahead of the viewer": [rec(12, T0 + 90_000.0, 0.01)],
     "longer than the history": [rec(12, T0 + 100.0, 99.0)],

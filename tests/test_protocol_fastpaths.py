@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import msgpack
 import pytest
 
-from gputop_dl.probe.messages import StepRecord, Steps, System
+from gputop_dl.probe import protocol
+from gputop_dl.probe.messages import Frame, Stack, StepRecord, Steps, System
 from gputop_dl.probe.protocol import (
     PROTOCOL_MAJOR,
     IncompatibleVersion,
     MalformedMessage,
+    ProtocolError,
     StepRows,
     decode,
     encode,
@@ -25,6 +28,7 @@ from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.tui.snapshot import build_snapshot
 from gputop_dl.tui.state import ViewerState
 from tests.fakes_tui import T0, live_run
+from tests.test_protocol import BYE, HELLO, LOOP, STEPS, SYSTEM
 
 CORE_FIELDS = ["index", "user_pct", "system_pct", "iowait_pct", "steal_pct", "idle_pct"]
 
@@ -85,3 +89,71 @@ def test_a_newer_major_under_the_steps_topic_is_still_an_incompatible_version() 
 def test_another_kind_under_the_steps_topic_is_malformed() -> None:
     with pytest.raises(MalformedMessage, match="does not match"):
         decode(steps_frames(kind="bye"))
+
+
+def outcome(frames: list[bytes]) -> object:
+    """What decode gives: the message, or the error's type, text and peer details."""
+    try:
+        return decode(frames)
+    except ProtocolError as exc:
+        details = (getattr(exc, "theirs", None), getattr(exc, "source_id", None))
+        return (type(exc), str(exc), details)
+
+
+def envelope(
+    kind: str, body: object, *, major: int = PROTOCOL_MAJOR, topic: str = ""
+) -> list[bytes]:
+    fields = {"v": [major, 0], "kind": kind, "body": body}
+    return [b"gputop." + (topic or kind).encode(), msgpack.packb(fields)]
+
+
+def wire_body(message: object) -> object:
+    """The body of ``message`` as plain msgpack values."""
+    return msgpack.unpackb(encode(message)[1])["body"]  # type: ignore[arg-type]
+
+
+# Every kind under its own topic and the cases the one-pass decode must leave to the
+# general path: each must give exactly what the general path alone gives.
+ONE_PASS_CASES: dict[str, list[bytes]] = {
+    **{f"{type(m).__name__}": encode(m) for m in (HELLO, STEPS, SYSTEM, LOOP, BYE)},
+    "stack": encode(
+        Stack("n:1", T0, 3, 2.0, (Frame("train.py", 10, "main", "x = 1"),), 0, "MainThread")
+    ),
+    "hello under the system topic": envelope("hello", wire_body(HELLO), topic="system"),
+    "system under the hello topic": envelope("system", wire_body(SYSTEM), topic="hello"),
+    "newer major, system": envelope("system", wire_body(SYSTEM), major=PROTOCOL_MAJOR + 1),
+    "newer major, hello": envelope("hello", wire_body(HELLO), major=PROTOCOL_MAJOR + 1),
+    "older major, bye": envelope("bye", wire_body(BYE), major=PROTOCOL_MAJOR - 1),
+    "system without its sample": envelope("system", {"source_id": "n:1"}),
+    "hello with a negative pid": envelope("hello", {**wire_body(HELLO), "pid": -1}),  # type: ignore[dict-item]
+    "loop with an infinite time": envelope("loop", {**wire_body(LOOP), "time": math.inf}),  # type: ignore[dict-item]
+    "bye as a list": envelope("bye", ["n:1", "exit", 3]),
+    "unknown kind under its topic": envelope("later", {"source_id": "n:1"}),
+    "envelope without a body": [
+        b"gputop.bye",
+        msgpack.packb({"v": [PROTOCOL_MAJOR, 0], "kind": "bye"}),
+    ],
+    "steps with an implausible row": envelope(
+        "steps",
+        {
+            "source_id": "n:1",
+            "base_time": T0,
+            "records": [[0, 5, 90_000 * 10**6, None, None]],
+            "sent": 0,
+            "dropped": 0,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_PASS_CASES))
+def test_one_pass_decoding_gives_what_the_general_path_gives(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames = ONE_PASS_CASES[name]
+    fast = outcome(frames)
+    monkeypatch.setattr(protocol, "_ONE_PASS", {})
+    general = outcome(frames)
+    assert fast == general
+    if name in {"Hello", "Steps", "System", "Loop", "Bye", "stack"}:
+        assert not isinstance(fast, tuple)  # these decode

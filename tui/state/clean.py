@@ -197,6 +197,8 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         ("statuses", "message", MAX_LIST),
     ):
         items = getattr(sample, name)
+        if not items:
+            continue  # none reported (a node without GPUs): nothing to clean
         cleaned = _clean_named(items, field, limit)
         if cleaned is not items:
             changes[name] = cleaned

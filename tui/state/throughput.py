@@ -27,10 +27,6 @@ class _Bucket:
     device_covered_s: float = 0.0
 
 
-def _overlap(start: float, end: float, lo: float, hi: float) -> float:
-    return max(0.0, min(end, hi) - max(start, lo))
-
-
 class Throughput:
     """Turns step records into half-second points, spreading each step over its period."""
 
@@ -159,15 +155,19 @@ class Throughput:
             lo, hi = (current * BUCKET_S - base) * us, ((current + 1) * BUCKET_S - base) * us
         else:
             current, lo, hi = None, math.inf, -math.inf
-        # Counts in ints (an int added to a float takes Python's slow path).
+        # Counts in ints (an int added to a float takes Python's slow path). Each row adds
+        # its period to ``covered``, and to ``no_wait``/``no_device`` when it lacks that
+        # time: the covered time of the waits is ``covered - no_wait`` (sums of whole
+        # microseconds are exact), one addition a row fewer than a sum of its own.
         samples = steps = 0
-        covered = wait_s = wait_cov = device_s = device_cov = 0.0
+        covered = wait_s = no_wait = device_s = no_device = 0.0
         for row in rows:
-            index, end, period, wait = row.index, row.end_us, row.period_us, row.wait_us
-            if not (index > prev_index and end > prev_end and (wait is None or wait <= period)):
+            index, end, period = row.index, row.end_us, row.period_us
+            # A row is checked before anything it changes leaves the loop: a failed check
+            # returns None, and the locals go with it.
+            if not (index > prev_index and end > prev_end):
                 return None
             prev_index, prev_end = index, end
-            device, count = row.device_us, row.samples
             start = end - period
             if not lo <= start < end <= hi:
                 if period >= horizon or period <= 0.0:
@@ -179,41 +179,68 @@ class Throughput:
                 if last > first and end_s == last * BUCKET_S:
                     last -= 1
                 if first != last:
-                    wait_of = None if wait is None else wait / us
-                    device_of = None if device is None else device / us
+                    wait, device = row.wait_us, row.device_us
+                    if wait is not None and wait > period:
+                        return None
                     spread = (
                         start_s,
                         end_s,
                         first,
                         last,
                         period / us,
-                        count or 0,
-                        wait_of,
-                        device_of,
+                        row.samples or 0,
+                        None if wait is None else wait / us,
+                        None if device is None else device / us,
                     )
                     spreads.append(spread)
                     continue
                 if steps and current is not None:
                     puts.append(
-                        (current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
+                        (
+                            current,
+                            samples,
+                            steps,
+                            covered,
+                            wait_s,
+                            covered - no_wait,
+                            device_s,
+                            covered - no_device,
+                        )
                     )
                 current = first
                 lo, hi = (first * BUCKET_S - base) * us, ((first + 1) * BUCKET_S - base) * us
                 samples = steps = 0
-                covered = wait_s = wait_cov = device_s = device_cov = 0.0
-            samples += count or 0
+                covered = wait_s = no_wait = device_s = no_device = 0.0
+            wait = row.wait_us
+            if wait is None:
+                no_wait += period
+            elif wait <= period:
+                wait_s += wait
+            else:
+                return None
+            device = row.device_us
+            if device is None:
+                no_device += period
+            else:
+                device_s += device if device < period else period
+            samples += row.samples or 0
             steps += 1
             covered += period
-            if wait is not None:
-                wait_cov += period
-                wait_s += wait
-            if device is not None:
-                device_cov += period
-                device_s += device if device < period else period
         if not rows or prev_end > (received + MAX_SKEW_S - base) * us:
             return None if rows else 0  # the newest row too far ahead of the viewer
         if steps and current is not None:
-            puts.append((current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov))
+            puts.append(
+                (
+                    current,
+                    samples,
+                    steps,
+                    covered,
+                    wait_s,
+                    covered - no_wait,
+                    device_s,
+                    covered - no_device,
+                )
+            )
         total = 0
         buckets = self._open
         for index, samples, steps, covered, wait_s, wait_cov, device_s, device_cov in puts:
@@ -274,11 +301,16 @@ class Throughput:
         span = end - start
         wait_fraction = min(1.0, wait / period) if wait is not None and period > 0 else 0.0
         device_fraction = min(1.0, device / period) if device is not None and period > 0 else 0.0
+        buckets = self._open
         for index in range(first, last + 1):
-            cover = _overlap(start, end, index * BUCKET_S, (index + 1) * BUCKET_S)
+            # The overlap of [start, end] with the bucket (conditionals: no builtin calls).
+            lo, hi = index * BUCKET_S, (index + 1) * BUCKET_S
+            cover = (end if end < hi else hi) - (start if start > lo else lo)
             if cover <= 0.0:
                 continue
-            bucket = self._open.setdefault(index, _Bucket())
+            bucket = buckets.get(index)
+            if bucket is None:
+                bucket = buckets[index] = _Bucket()
             share = cover / span
             bucket.samples += samples * share
             bucket.steps += share
