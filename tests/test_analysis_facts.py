@@ -31,6 +31,7 @@ from tests.test_analyzer import (
     hello,
     make_steps,
     processes,
+    system,
     systems,
     window,
 )
@@ -344,6 +345,47 @@ def test_no_first_blame_on_the_workers_before_the_host_is_seen() -> None:
     assert one.cause == "unknown", one
     two = analyze(window(steps, systems(now, 2, **blocked), hello(0)))
     assert two.cause == "disk", two
+
+
+@pytest.mark.parametrize(
+    ("host_sampler", "cause"),
+    [
+        (True, "unknown"),  # its samples are on their way: no first blame on the workers
+        (False, "few-workers"),  # none will come: num_workers=0 is all there is to go on
+    ],
+)
+def test_no_host_sample_yet_waits_when_the_run_samples_its_node(
+    host_sampler: bool, cause: str
+) -> None:
+    steps = make_steps(wait=INPUT)
+    h = with_facts(hello(0), host_sampler=host_sampler)
+    v = analyze(Window(now=steps[-1].end_time + 0.05, steps=steps, systems=(), hello=h))
+    assert (v.kind, v.cause) == ("input-bound", cause), v
+
+
+def test_start_up_samples_do_not_make_a_disk_bound_loop_look_cpu_bound() -> None:
+    """num_workers=0 reading from a busy disk, after a CPU-bound start-up (building the
+    dataset and model): the start-up samples are not evidence, so the first cause named
+    is the disk, never the workers first (seen on a loaded machine: "few-workers" for
+    4 s, then "disk")."""
+    steps = make_steps(wait=INPUT)
+    now = steps[-1].end_time + 0.05
+    run_from = steps[0].end_time - steps[0].period_s
+    start_up = {"procs": processes(100.0), "disk_read": 0.0, "disk_busy": 0.0}
+    in_loop = {"procs": processes(20.0), "disk_read": 400e6, "disk_busy": 50.0}
+    early = [system(run_from - 2.0 + k, **start_up) for k in range(3)]  # type: ignore[arg-type]
+    late = [system(run_from + 1.0 + k, **in_loop) for k in range(2)]  # type: ignore[arg-type]
+    h = hello(0)
+    # Only start-up samples so far: the cause waits for the loop's own (no first blame).
+    only_early = Window(now=now, steps=steps, systems=early, hello=h, run_from=run_from)
+    assert analyze(only_early).cause == "unknown"
+    one_late = Window(now=now, steps=steps, systems=early + late[:1], hello=h, run_from=run_from)
+    assert analyze(one_late).cause == "unknown"
+    both = Window(now=now, steps=steps, systems=early + late, hello=h, run_from=run_from)
+    assert analyze(both).cause == "disk"
+    # Without run_from the start-up samples would have counted (the old behaviour).
+    blind = Window(now=now, steps=steps, systems=early + late[:1], hello=h)
+    assert analyze(blind).cause == "few-workers"
 
 
 @pytest.mark.parametrize(

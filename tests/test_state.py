@@ -32,7 +32,7 @@ from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
 from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
-from gputop_dl.tui.events import BadInput, EndpointState
+from gputop_dl.tui.events import BadInput, EndpointState, Received
 from gputop_dl.tui.state import (
     GONE_TEXT,
     INSTRUMENT_HINT,
@@ -409,6 +409,30 @@ def test_a_new_run_takes_a_new_slot_and_renumbers_nothing() -> None:
     assert state.selected_index == 1
     assert [(r.key, r.slot) for r in state.runs][:3] == before
     assert (state.runs[3].key, state.runs[3].slot) == ("z:9", 3)
+
+
+def test_the_window_says_when_the_run_s_first_step_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The analyzer is told where the loop began: host samples before it saw start-up."""
+    windows: list[Window] = []
+
+    def fake_analyze(window: Window, previous: Verdict | None = None) -> Verdict:
+        windows.append(window)
+        return Verdict("ok", "ok", 1.0, "ok")
+
+    monkeypatch.setattr(state_module, "analyze", fake_analyze)
+    start = NOW - 10.0  # the process started; its first step starts 4 s later
+    first_step = start + 4.0
+    state = ViewerState(HOST)
+    events = [received(hello(started=start), start)]
+    events += systems_events(start + 1.0, NOW - 0.5)
+    events += steps_events(step_records(first_step, NOW - first_step - 0.05))
+    events.sort(key=lambda e: e.received if isinstance(e, Received) else 0.0)
+    state.apply_all(events)
+    state.tick(NOW)
+    (window,) = windows
+    assert window.run_from == pytest.approx(first_step)
 
 
 def test_panels_follow_the_selected_run_host() -> None:

@@ -84,6 +84,7 @@ class Window:
     hello: Hello | None
     stack: Stack | None = None  # the newest stack the probe took in a stall
     ptrace: Ptrace | None = None  # could py-spy attach to the run from here (None: unknown)
+    run_from: float | None = None  # the run's first step started (host samples before: start-up)
 
 
 @dataclass(frozen=True)
@@ -452,7 +453,9 @@ def _throughput(ctx: _Ctx) -> _Candidate:
 def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
     stats = ctx.stats
     prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
-    cause = input_cause(ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share)
+    hello = ctx.window.hello
+    expected = hello is not None and hello.host_sampler
+    cause = input_cause(ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected)
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
     confidence = _share_confidence(ctx, lambda s: s >= exit_at) * _margin(share, threshold, 0.10)
@@ -836,7 +839,13 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         window=window,
         previous=previous,
         stats=_stable_stats(steps, previous),
-        host=host_stats(window.systems, hello.host if hello else None, window.now, _scope(hello)),
+        host=host_stats(
+            window.systems,
+            hello.host if hello else None,
+            window.now,
+            _scope(hello),
+            window.run_from,
+        ),
         devices=device_states(window.systems, window.now, own),
         steps=steps,
         own_device=own,

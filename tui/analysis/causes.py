@@ -74,6 +74,7 @@ class Context:
     previous_cause: str | None  # cause of the verdict shown now (hysteresis)
     framework: str | None = None  # hello.framework: whose knob the advice names
     wait_share: float | None = None  # the loop's data wait / step time (main loads then)
+    samples_expected: bool = False  # the run samples its node (hello.host_sampler)
 
     @property
     def enough_host(self) -> bool:
@@ -385,7 +386,7 @@ def _cpu(ctx: Context) -> Cause | None:
     h = ctx.host
     workers = ctx.workers
     if workers == 0:
-        if h.latest_age_s is not None and not ctx.enough_host:
+        if not ctx.enough_host and (h.latest_age_s is not None or ctx.samples_expected):
             # Host samples are on their way: whether the main process computes or waits on
             # reads decides between this and the disk (no first blame to take back).
             return None
@@ -565,8 +566,9 @@ def input_cause(
     previous_cause: str | None,
     framework: str | None = None,
     wait_share: float | None = None,
+    samples_expected: bool = False,
 ) -> Cause:
-    ctx = Context(host, loader, previous_cause, framework, wait_share)
+    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected)
     for rule in RULES:
         cause = rule(ctx)
         if cause is not None:

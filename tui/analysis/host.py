@@ -307,9 +307,14 @@ def _median_of(values: list[float]) -> float:
 
 
 def select_samples(
-    systems: Sequence[SystemSample], host: str | None, now: float
+    systems: Sequence[SystemSample], host: str | None, now: float, run_from: float | None = None
 ) -> tuple[str | None, list[SystemSample], float | None]:
-    """This run's host: its samples of the last SYSTEM_WINDOW_S, and the newest one's age."""
+    """This run's host: its samples of the last SYSTEM_WINDOW_S, and the newest one's age.
+
+    With ``run_from`` (the run's first step), a sample whose interval began before it is
+    left out of the figures: it saw the start-up (building the dataset, the model), not
+    the loop — a disk-bound run's start-up is CPU-bound. It still counts for the age (the
+    sampler runs)."""
     if not systems:
         return host, [], None
     mine = [s for s in systems if s.host == host] if host else []
@@ -318,14 +323,22 @@ def select_samples(
         host = systems[-1].host
         mine = [s for s in systems if s.host == host]
     newest = max(s.time for s in mine)
-    return host, [s for s in mine if s.time >= now - SYSTEM_WINDOW_S], now - newest
+    since = now - SYSTEM_WINDOW_S
+    if run_from is None:
+        return host, [s for s in mine if s.time >= since], now - newest
+    kept = [s for s in mine if s.time >= since and s.time - (s.interval_s or 0.0) >= run_from]
+    return host, kept, now - newest
 
 
 def host_stats(
-    systems: Sequence[SystemSample], host: str | None, now: float, scope: Scope | None = None
+    systems: Sequence[SystemSample],
+    host: str | None,
+    now: float,
+    scope: Scope | None = None,
+    run_from: float | None = None,
 ) -> HostStats:
     scope = scope or Scope()
-    host, samples, age = select_samples(systems, host, now)
+    host, samples, age = select_samples(systems, host, now, run_from)
     sampled = [s for s in samples if s.host_sampled]
     every = [figures_of(s, scope) for s in samples]  # any sample of the host
     node = [f for s, f in zip(samples, every, strict=True) if s.host_sampled]  # host-wide

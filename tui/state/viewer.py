@@ -534,6 +534,7 @@ class ViewerState:
             hello=source.window_hello(),  # the newest: it carries the progress of a hung run
             stack=source.stack,
             ptrace=self._ptrace(source),
+            run_from=source.first_start,
         )
         try:
             # The verdict shown is passed back: a condition it holds is left only below
