@@ -411,17 +411,23 @@ def test_a_new_run_takes_a_new_slot_and_renumbers_nothing() -> None:
     assert (state.runs[3].key, state.runs[3].slot) == ("z:9", 3)
 
 
-def test_the_window_says_when_the_run_s_first_step_started(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The analyzer is told where the loop began: host samples before it saw start-up."""
+def capture_windows(monkeypatch: pytest.MonkeyPatch, verdict: Verdict) -> list[Window]:
+    """The windows the state hands the analyzer from now on (which answers ``verdict``)."""
     windows: list[Window] = []
 
     def fake_analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         windows.append(window)
-        return Verdict("ok", "ok", 1.0, "ok")
+        return verdict
 
     monkeypatch.setattr(state_module, "analyze", fake_analyze)
+    return windows
+
+
+def test_the_window_says_when_the_run_s_first_step_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The analyzer is told where the loop began: host samples before it saw start-up."""
+    windows = capture_windows(monkeypatch, Verdict("ok", "ok", 1.0, "ok"))
     start = NOW - 10.0  # the process started; its first step starts 4 s later
     first_step = start + 4.0
     state = ViewerState(HOST)
@@ -506,13 +512,8 @@ def test_training_processes_come_from_the_selected_run() -> None:
 
 
 def test_analyzer_gets_a_window_per_live_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    windows: list[Window] = []
-
-    def fake_analyze(window: Window, previous: Verdict | None = None) -> Verdict:
-        windows.append(window)
-        return Verdict("input-bound", "warning", 0.9, "Input-bound", cause="few-workers")
-
-    monkeypatch.setattr(state_module, "analyze", fake_analyze)
+    verdict = Verdict("input-bound", "warning", 0.9, "Input-bound", cause="few-workers")
+    windows = capture_windows(monkeypatch, verdict)
     state = ViewerState(HOST)
     state.apply_all(live_run(NOW))
     state.tick(NOW)

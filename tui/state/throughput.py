@@ -196,16 +196,7 @@ class Throughput:
                     continue
                 if steps and current is not None:
                     puts.append(
-                        (
-                            current,
-                            samples,
-                            steps,
-                            covered,
-                            wait_s,
-                            covered - no_wait,
-                            device_s,
-                            covered - no_device,
-                        )
+                        (current, samples, steps, covered, wait_s, no_wait, device_s, no_device)
                     )
                 current = first
                 lo, hi = (first * BUCKET_S - base) * us, ((first + 1) * BUCKET_S - base) * us
@@ -229,21 +220,12 @@ class Throughput:
         if not rows or prev_end > (received + MAX_SKEW_S - base) * us:
             return None if rows else 0  # the newest row too far ahead of the viewer
         if steps and current is not None:
-            puts.append(
-                (
-                    current,
-                    samples,
-                    steps,
-                    covered,
-                    wait_s,
-                    covered - no_wait,
-                    device_s,
-                    covered - no_device,
-                )
-            )
+            puts.append((current, samples, steps, covered, wait_s, no_wait, device_s, no_device))
         total = 0
         buckets = self._open
-        for index, samples, steps, covered, wait_s, wait_cov, device_s, device_cov in puts:
+        # Per bucket the times summed, and the period of its steps without a wait / without
+        # a device time (the part the wait and device shares do not cover).
+        for index, samples, steps, covered, wait_s, no_wait, device_s, no_device in puts:
             total += samples
             bucket = buckets.get(index)
             if bucket is None:
@@ -252,9 +234,9 @@ class Throughput:
             bucket.steps += steps
             bucket.covered_s += covered / us
             bucket.wait_s += wait_s / us
-            bucket.wait_covered_s += wait_cov / us
+            bucket.wait_covered_s += (covered - no_wait) / us
             bucket.device_s += device_s / us
-            bucket.device_covered_s += device_cov / us
+            bucket.device_covered_s += (covered - no_device) / us
         for part in spreads:
             total += part[5]
             self._spread(*part)
