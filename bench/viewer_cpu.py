@@ -154,7 +154,9 @@ def viewer_code() -> str:
     """Where the measured ``gputop`` imports its code from: the checkout on PYTHONPATH
     (a worktree) comes before the venv's editable install."""
     probe = "import gputop_dl.tui.app as m, os; print(os.path.realpath(m.__file__))"
-    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    found = subprocess.run(  # not from the checkout's folder: ``-c`` puts it first on the path
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tempfile.gettempdir()
+    )
     return found.stdout.strip() or found.stderr.strip()[-200:]
 
 

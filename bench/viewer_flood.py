@@ -38,7 +38,12 @@ from gputop_dl.tui.state import ViewerState
 endpoint, seconds, drain = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 state = ViewerState("viewer-host")
 inbox = []
-source = ZmqSource([endpoint], discover=False, local_sampler=False)
+try:  # read as the viewer at its default 2 Hz reads (older checkouts: at each message)
+    from gputop_dl.tui.source import gather_for
+    gather = {"gather_s": gather_for(2.0)}
+except ImportError:
+    gather = {}
+source = ZmqSource([endpoint], discover=False, local_sampler=False, **gather)
 source.start(inbox.extend)  # list.extend is atomic under the GIL
 def pump(until):
     while time.time() < until:

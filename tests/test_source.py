@@ -209,3 +209,64 @@ def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds() -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class CountedEmits(Collected):
+    """Also counts the source's hand-overs (each one a wake-up of the viewer's queue)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emits = 0
+
+    def __call__(self, events: list[SourceEvent]) -> None:
+        self.emits += 1
+        super().__call__(events)
+
+
+def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -> None:
+    pub = Publisher("tcp://127.0.0.1:*")
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=0.4)
+    got = CountedEmits()
+    src.start(got)
+    try:
+        assert delivered(pub, got, "joined")
+        emits_before = got.emits
+        names = [f"m{i}" for i in range(30)]
+        for name in names:  # 30 messages over 0.6 s, as a probe's flushes come
+            pub.send(encode(marker(name)))
+            time.sleep(0.02)
+        assert until(lambda: {"m29"} <= {m.name for m in got.messages() if isinstance(m, Hello)})
+        received = [m.name for m in got.messages() if isinstance(m, Hello) and m.name in names]
+        assert received == names  # all of them, in order
+        # Read every 0.4 s at most: 0.6 s of stream is taken in 3 reads or fewer (30 with
+        # a read per message).
+        assert got.emits - emits_before <= 3
+    finally:
+        src.stop()
+        pub.close()
+
+
+def test_stop_ends_a_gathering_source_at_once() -> None:
+    pub = Publisher("tcp://127.0.0.1:*")
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=60.0)
+    got = Collected()
+    src.start(got)
+    try:
+        assert delivered(pub, got, "joined")  # the thread now waits 60 s to read again
+        thread = src._thread
+        assert thread is not None
+        src.stop()
+        thread.join(5.0)
+        assert not thread.is_alive()
+    finally:
+        src.stop()
+        pub.close()
+
+
+@pytest.mark.parametrize(
+    ("refresh_hz", "gather_s"), [(0.0, 0.0), (0.5, 0.2), (2.0, 0.2), (4.0, 0.1), (10.0, 0.04)]
+)
+def test_a_viewer_gathers_for_well_under_its_refresh_period(
+    refresh_hz: float, gather_s: float
+) -> None:
+    assert source_module.gather_for(refresh_hz) == pytest.approx(gather_s)

@@ -62,6 +62,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 REFRESH_HZ = (0.1, 10.0)  # the viewer's refresh rate range, per second
+DEFAULT_REFRESH_HZ = 2.0
 WAIT_S = (0.1, 3600.0)  # snapshot --wait range, seconds
 VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
 NO_TTY_HINT = (
@@ -204,9 +205,10 @@ def view_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--refresh",
         type=in_range(*REFRESH_HZ),
-        default=2.0,
+        default=DEFAULT_REFRESH_HZ,
         metavar="HZ",
-        help=f"screen refreshes per second, {REFRESH_HZ[0]:g} to {REFRESH_HZ[1]:g} (default 2)",
+        help=f"screen refreshes per second, {REFRESH_HZ[0]:g} to {REFRESH_HZ[1]:g} "
+        f"(default {DEFAULT_REFRESH_HZ:g})",
     )
     ap.add_argument(
         "--no-local", action="store_true", help="do not sample this host when no probe does"
@@ -230,12 +232,13 @@ def cmd_view(argv: list[str]) -> int:
         targets = reachable("gputop", targets)
         if not targets and not remote:
             return EXIT_NO_RUN
-    from gputop_dl.tui.source import ZmqSource
+    from gputop_dl.tui.source import ZmqSource, gather_for
 
     source: Any = ZmqSource(
         targets,
         discover=not targets,
         local_sampler=not args.no_local and not _only_remote(targets),
+        gather_s=gather_for(args.refresh),
     )
     if remote:
         source = _with_remote(source if targets else None, targets, remote, args)
@@ -295,7 +298,10 @@ def _only_remote(targets: list[str]) -> bool:
 
 
 def run_app(
-    source: Any, refresh_hz: float = 2.0, *, on_start: Callable[[Any], None] | None = None
+    source: Any,
+    refresh_hz: float = DEFAULT_REFRESH_HZ,
+    *,
+    on_start: Callable[[Any], None] | None = None,
 ) -> int:
     """Run the viewer until it is quit; its exit status (128+n after signal n)."""
     if os.environ.get("TERM", "").lower() in ("dumb", "unknown"):
@@ -387,7 +393,7 @@ def _run_demo(scenario: str, duration: float, *, tui: bool) -> int:
     try:
         if not tui:
             return _print_live(child, [endpoint], deadline)
-        from gputop_dl.tui.source import ZmqSource
+        from gputop_dl.tui.source import ZmqSource, gather_for
 
         def watch_child(app: Any) -> None:
             """The demo ends with its training: at --duration, or if the child dies."""
@@ -403,7 +409,13 @@ def _run_demo(scenario: str, duration: float, *, tui: bool) -> int:
             threading.Thread(target=wait, name="gputop-demo-child", daemon=True).start()
 
         code = run_app(
-            ZmqSource([endpoint], discover=False, local_sampler=False), on_start=watch_child
+            ZmqSource(
+                [endpoint],
+                discover=False,
+                local_sampler=False,
+                gather_s=gather_for(DEFAULT_REFRESH_HZ),
+            ),
+            on_start=watch_child,
         )
         if child.poll() not in (None, 0, -signal.SIGINT):
             _error(

@@ -26,6 +26,9 @@ from gputop_dl.tui.events import (
 )
 
 POLL_S = 0.1
+# A viewer shows what arrived at its next refresh; reading the socket as each message
+# lands (a probe flushes 5-10 times a second, every run) wakes this thread for nothing.
+GATHER_MAX_S = 0.2
 DISCOVER_EVERY_S = 1.0
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
 BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
@@ -35,6 +38,11 @@ RawTap = Callable[[list[bytes], float], None]
 
 class ZmqSource(ThreadSource):
     """Subscribe to ``endpoints``; with ``discover`` also to every probe found on this host.
+
+    ``gather_s``: after handing over what arrived, wait this long before reading again, so
+    that one wake-up takes several messages (a viewer passes :func:`gather_for` its
+    refresh). A message into a quiet stream is still read at once; the receive times of
+    the later ones are up to ``gather_s`` late, so a recorder keeps the default, 0.
 
     ``local_sampler``: sample this host in the viewer when no probe or agent does.
     ``raw_tap`` (settable at any time) is called on the source's thread with the frames of
@@ -50,8 +58,10 @@ class ZmqSource(ThreadSource):
         local_sampler: bool = True,
         sample_interval_s: float = 1.0,
         raw_tap: RawTap | None = None,
+        gather_s: float = 0.0,
     ) -> None:
         self.raw_tap = raw_tap
+        self.gather_s = gather_s
         super().__init__()
         self.endpoints = list(endpoints or [])
         self.discover = discover
@@ -80,6 +90,7 @@ class ZmqSource(ThreadSource):
         self._last_foreign_host_sample = 0.0
         self._last_error: dict[str, float] = {}
         self._local_hello_sent = False
+        self._read_messages = False  # in the last iteration
         while not self._stop.is_set():
             try:
                 self._iteration(sub, events)
@@ -91,6 +102,8 @@ class ZmqSource(ThreadSource):
             if events:
                 emit(events)
                 events = []
+                if self.gather_s > 0 and self._read_messages:
+                    self._stop.wait(self.gather_s)  # let the next ones gather (``stop`` ends it)
 
     def _iteration(self, sub: Subscriber, events: list[SourceEvent]) -> None:
         """One poll: rediscover, read what arrived, sample this host when nobody does."""
@@ -98,7 +111,9 @@ class ZmqSource(ThreadSource):
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
-        for frames in sub.receive(POLL_S):
+        received = sub.receive(POLL_S)
+        self._read_messages = bool(received)
+        for frames in received:
             event = self._decode(frames, now)
             if event is None:
                 continue
@@ -173,6 +188,13 @@ class ZmqSource(ThreadSource):
                 sub.disconnect(endpoint)
                 events.append(EndpointState(endpoint, "detached", "process ended", name))
         return events
+
+
+def gather_for(refresh_hz: float) -> float:
+    """How long a viewer refreshing ``refresh_hz`` times a second lets messages gather:
+    at most :data:`GATHER_MAX_S`, well under a refresh period; 0 without a timer (the
+    viewer then wakes for each message)."""
+    return 0.0 if refresh_hz <= 0 else min(GATHER_MAX_S, 0.4 / refresh_hz)
 
 
 def event_of(
