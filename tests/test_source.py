@@ -6,6 +6,7 @@ read (BadInput) and go on delivering the valid messages that follow.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -223,13 +224,23 @@ class CountedEmits(Collected):
         super().__call__(events)
 
 
-def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -> None:
+@contextlib.contextmanager
+def gathering(gather_s: float, got: Collected) -> Iterator[tuple[Publisher, ZmqSource]]:
+    """A publisher and a source that gathers for ``gather_s``, joined (one message in)."""
     pub = Publisher("tcp://127.0.0.1:*")
-    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=0.4)
-    got = CountedEmits()
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=gather_s)
     src.start(got)
     try:
         assert delivered(pub, got, "joined")
+        yield pub, src
+    finally:
+        src.stop()
+        pub.close()
+
+
+def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -> None:
+    got = CountedEmits()
+    with gathering(0.4, got) as (pub, _src):
         emits_before = got.emits
         names = [f"m{i}" for i in range(30)]
         for name in names:  # 30 messages over 0.6 s, as a probe's flushes come
@@ -241,26 +252,15 @@ def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -
         # Read every 0.4 s at most: 0.6 s of stream is taken in 3 reads or fewer (30 with
         # a read per message).
         assert got.emits - emits_before <= 3
-    finally:
-        src.stop()
-        pub.close()
 
 
 def test_stop_ends_a_gathering_source_at_once() -> None:
-    pub = Publisher("tcp://127.0.0.1:*")
-    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=60.0)
-    got = Collected()
-    src.start(got)
-    try:
-        assert delivered(pub, got, "joined")  # the thread now waits 60 s to read again
+    with gathering(60.0, Collected()) as (_pub, src):  # it now waits 60 s to read again
         thread = src._thread
         assert thread is not None
         src.stop()
         thread.join(5.0)
         assert not thread.is_alive()
-    finally:
-        src.stop()
-        pub.close()
 
 
 @pytest.mark.parametrize(
