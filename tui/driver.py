@@ -143,6 +143,8 @@ class GuardedDriver(LinuxDriver):
         exit_event = self.exit_event
         selector = selectors.SelectSelector()
         selector.register(self.fileno, selectors.EVENT_READ)
+        # Without a wake pipe, upstream's timeout polls for the exit event.
+        wakes = isinstance(exit_event, WakingEvent)
         if isinstance(exit_event, WakingEvent):
             selector.register(exit_event.wake_fd, selectors.EVENT_READ)
         parser = XTermParser(self._debug)
@@ -150,7 +152,7 @@ class GuardedDriver(LinuxDriver):
         fed_at = ticked_at = get_time()
         try:
             while not exit_event.is_set():
-                timeout = select_timeout(fed_at, ticked_at, isinstance(exit_event, WakingEvent))
+                timeout = select_timeout(fed_at, ticked_at, wakes)
                 ready = [key for key, _ in selector.select(timeout) if key.fd == self.fileno]
                 if ready:
                     try:
