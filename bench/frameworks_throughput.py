@@ -16,16 +16,21 @@ import contextlib
 import io
 import logging
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from gputop_dl import probe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' set-ups
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args
 
 Run = Callable[[bool, int], float]  # (with probe, steps) -> final loss
 
@@ -56,29 +61,9 @@ def lightning_run(with_probe: bool, steps: int) -> float:
     L.seed_everything(0, verbose=False)
     loader = DataLoader(data(steps * 4 // 2), batch_size=4, shuffle=True)  # 2 epochs
     model = Model()
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = L.Trainer(max_epochs=2, **LIGHTNING_QUIET)
     trainer.fit(model, train_dataloaders=probe.watch(loader) if with_probe else loader)
     return model.last
-
-
-class DictData(Dataset[Any]):
-    def __init__(self, n: int) -> None:
-        self.data = data(n)
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x, y = self.data[i]
-        return {"x": x, "labels": y}
 
 
 class Regressor(torch.nn.Module):
@@ -100,20 +85,11 @@ def hf_run(with_probe: bool, steps: int) -> float:
 
     transformers.set_seed(0)
     with tempfile.TemporaryDirectory() as out:
-        args = transformers.TrainingArguments(
-            output_dir=out,
-            per_device_train_batch_size=4,
-            num_train_epochs=2,
-            learning_rate=0.01,
-            use_cpu=True,
-            seed=0,
-            report_to=[],
-            save_strategy="no",
-            logging_strategy="no",
-            disable_tqdm=True,
+        args = hf_quiet_args(
+            transformers, out, per_device_train_batch_size=4, num_train_epochs=2, learning_rate=0.01
         )
         cls = WatchedTrainer if with_probe else transformers.Trainer
-        trainer = cls(model=Regressor(), args=args, train_dataset=DictData(steps * 4 // 2))
+        trainer = cls(model=Regressor(), args=args, train_dataset=DictData(data(steps * 4 // 2)))
         with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its metrics
             return float(trainer.train().training_loss)
 

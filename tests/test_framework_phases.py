@@ -20,7 +20,8 @@ from gputop_dl.probe.integrations._timer import PhaseClock
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.02, 0.01, 0.005
 
@@ -119,14 +120,9 @@ def lightning_fit(accumulate: int = 1) -> None:
     L.seed_everything(0, verbose=False)
     trainer = L.Trainer(
         max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         accumulate_grad_batches=accumulate,
         callbacks=[GputopCallback()],
+        **LIGHTNING_QUIET,
     )
     trainer.fit(Model(), train_dataloaders=DataLoader(dataset(), batch_size=2))
 
@@ -180,18 +176,6 @@ class Regressor(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
-class DictData(Dataset[Any]):
-    def __init__(self) -> None:
-        self.data = dataset()
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x, y = self.data[i]
-        return {"x": x, "labels": y}
-
-
 def hf_train(tmp_path: Path, **args: Any) -> None:
     transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
     pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
@@ -199,16 +183,11 @@ def hf_train(tmp_path: Path, **args: Any) -> None:
 
     transformers.set_seed(0)
     model = Regressor()
-    targs = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    targs = hf_quiet_args(
+        transformers,
+        str(tmp_path / "out"),
         per_device_train_batch_size=2,
         learning_rate=0.1,
-        use_cpu=True,
-        seed=0,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
         num_train_epochs=1,
         **args,
     )
@@ -216,7 +195,7 @@ def hf_train(tmp_path: Path, **args: Any) -> None:
     trainer = transformers.Trainer(
         model=model,
         args=targs,
-        train_dataset=DictData(),
+        train_dataset=DictData(dataset()),
         callbacks=[GputopCallback()],
         optimizers=(optimizer, None),
     )

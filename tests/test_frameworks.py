@@ -23,7 +23,8 @@ from gputop_dl import probe
 from gputop_dl.probe import loader as loader_mod
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
 
 FRAMEWORKS = Path(__file__).parent / "frameworks"
 
@@ -94,13 +95,8 @@ def lightning_run(
     model = Model()
     trainer = L.Trainer(
         max_epochs=max_epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=list(callbacks),
+        **LIGHTNING_QUIET,
     )
     trainer.fit(model, train_dataloaders=probe.watch(loader) if watch else loader)
     return model.seen, model.last
@@ -173,18 +169,6 @@ class Regressor(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
-class DictData(Dataset[Any]):
-    def __init__(self) -> None:
-        self.data = dataset()
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x, y = self.data[i]
-        return {"x": x, "labels": y}
-
-
 def hf_run(
     watch: bool, tmp_path: Path, callbacks: tuple[Any, ...] = (), **args: Any
 ) -> tuple[list[list[float]], float, Any]:
@@ -197,21 +181,16 @@ def hf_run(
 
     transformers.set_seed(0)
     model = Regressor()
-    targs = transformers.TrainingArguments(
-        output_dir=str(tmp_path / ("w" if watch else "p")),
+    targs = hf_quiet_args(
+        transformers,
+        str(tmp_path / ("w" if watch else "p")),
         per_device_train_batch_size=4,
         learning_rate=0.1,
-        use_cpu=True,
-        seed=0,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
         **args,
     )
     trainer_cls = WatchedTrainer if watch else transformers.Trainer
     trainer = trainer_cls(
-        model=model, args=targs, train_dataset=DictData(), callbacks=list(callbacks)
+        model=model, args=targs, train_dataset=DictData(dataset()), callbacks=list(callbacks)
     )
     out = trainer.train()
     return model.seen, out.training_loss, trainer
