@@ -169,7 +169,7 @@ def exporter_parser() -> argparse.ArgumentParser:
 def cmd_exporter(argv: list[str]) -> int:
     from gputop_dl.probe.transport import EXPOSED, exposure, listen_policy
     from gputop_dl.tui.cli import _only_remote, reachable
-    from gputop_dl.tui.source import ZmqSource
+    from gputop_dl.tui.source import GATHER_MAX_S, ZmqSource
 
     ap = exporter_parser()
     args = ap.parse_args(argv)
@@ -195,6 +195,7 @@ def cmd_exporter(argv: list[str]) -> int:
         targets,
         discover=not targets,
         local_sampler=not args.no_local and not _only_remote(targets),
+        gather_s=GATHER_MAX_S,  # scraped every few seconds: no need to read each message
     )
     exporter = Exporter(source)
     registry = CollectorRegistry(auto_describe=False)
