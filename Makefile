@@ -26,8 +26,8 @@ test: $(STAMP)  ## run the whole test suite
 	$(BIN)/pytest -q
 
 lint: $(STAMP)  ## ruff and mypy
-	$(BIN)/ruff check gputop_dl probe tui tests bench tools
-	$(BIN)/ruff format --check gputop_dl probe tui tests bench tools
+	$(BIN)/ruff check --no-cache gputop_dl probe tui tests bench tools
+	$(BIN)/ruff format --no-cache --check gputop_dl probe tui tests bench tools
 	$(BIN)/mypy
 
 bench: $(STAMP)  ## print the probe, sampler and viewer cost figures

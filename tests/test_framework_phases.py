@@ -20,8 +20,9 @@ from gputop_dl.probe.integrations._timer import PhaseClock
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
-from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
 
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.02, 0.01, 0.005
 

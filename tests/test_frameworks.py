@@ -23,8 +23,9 @@ from gputop_dl import probe
 from gputop_dl.probe import loader as loader_mod
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
-from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
+
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
 
 FRAMEWORKS = Path(__file__).parent / "frameworks"
 
