@@ -182,6 +182,65 @@ def test_snapshot_piped_into_head_prints_one_line_and_no_traceback() -> None:
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
 
 
+def _tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of another process (os.kill lets the kernel choose)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(234, pid, tid, sig) != 0:  # SYS_tgkill on x86-64
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+def _blocks(pid: int, tid: int, sig: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` blocks ``sig`` (its SigBlk mask in /proc)."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+    reason="tgkill by syscall number: Linux x86-64",
+)
+def test_snapshot_ctrl_c_taken_by_another_thread_prints_at_once() -> None:
+    """Ctrl-C ends the wait and prints what was gathered, whichever of the process's
+    threads the kernel hands the signal to (a main thread asleep in time.sleep slept on
+    until --wait ran out)."""
+    proc = subprocess.Popen(
+        [*ENTRY, "snapshot", "--wait", "120"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        others: list[int] = []
+        while not others and time.monotonic() < deadline:
+            time.sleep(0.2)
+            others = [
+                tid for tid in map(int, os.listdir(f"/proc/{proc.pid}/task")) if tid != proc.pid
+            ]
+        assert others, "the snapshot started no thread"
+        time.sleep(1.0)  # its handlers are installed before its threads start
+        # A thread the kernel could choose: one that does not block SIGINT (zmq's do).
+        others = [tid for tid in others if not _blocks(proc.pid, tid, signal.SIGINT)]
+        assert others, "every other thread blocks SIGINT"
+        sent = time.monotonic()
+        _tgkill(proc.pid, others[-1], signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 10, f"printed {took:.0f} s after Ctrl-C"
+    assert "Traceback" not in err
+    assert proc.returncode in (0, 1)  # a run found or not; not killed by the signal
+    assert out.strip()
+
+
 def test_agent_on_a_busy_port_says_it_could_not_bind() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -597,12 +597,14 @@ def cmd_snapshot(argv: list[str]) -> int:
         local = ZmqSource(targets, discover=False, local_sampler=False) if targets else None
         source = _with_remote(local, targets, remote, args)
     collector = Collector(targets, local_sampler=not _only_remote(targets), source=source)
+    # Ctrl-C ends the wait and prints what came so far. Not time.sleep: a SIGINT the
+    # kernel hands to one of the collector's threads would not wake it.
+    interrupted = StopSignals((signal.SIGINT,))
     collector.start()
     try:
-        time.sleep(args.wait)
-    except KeyboardInterrupt:
-        pass
+        interrupted.done.wait(args.wait)
     finally:
+        interrupted.restore()
         collector.stop()
     snap = collector.snapshot()
     print(json.dumps(snap, indent=2) if args.json else render_text(snap), flush=True)
