@@ -5,8 +5,9 @@ real socket, cheaper than real trainings.
     python simulated.py ENDPOINT RUNS STEPS_PER_S SECONDS PREFIX
 
 ENDPOINT ``discover`` binds an ipc socket in the runtime dir and registers it, as a probe
-does. Run ``r`` is ``PREFIX-r:1000+r`` on host ``PREFIX-<r // 8>``; one 64-core node
-sample a second. SECONDS 0 runs until killed; otherwise it then prints the last step
+does. Run ``r`` is ``PREFIX-r:1000+r`` on host ``PREFIX-<r // 8>``; its steps are sent every
+probe.core.FLUSH_S, as a probe flushes them (GPUTOP_BENCH_FLUSH_S: another period); one
+64-core node sample a second. SECONDS 0 runs until killed; otherwise it then prints the last step
 index of each run (JSON) and keeps the socket open while the viewer drains.
 """
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 SCRIPT = """
 import json, os, socket, sys, time
 from gputop_dl.probe import discovery
+from gputop_dl.probe.core import FLUSH_S
+FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", FLUSH_S))  # another period, to compare
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
@@ -39,18 +42,18 @@ last = [-1] * runs
 flushes = 0
 t0 = next_at = time.time()
 while not seconds or time.time() - t0 < seconds:
-    next_at += 0.1
+    next_at += FLUSH_S  # as a probe flushes
     now = time.time()
-    per = rate // 10
+    per = round(rate * FLUSH_S)
     for r in range(runs):
-        if flushes % 20 == 0:
+        if flushes % round(2 / FLUSH_S) == 0:  # a hello every 2 s
             pub.send(hellos[r])
         recs = tuple(StepRecord(index=last[r] + 1 + i, end_time=now - (per - 1 - i) / rate,
                                 period_s=1 / rate, wait_s=0.3 / rate, samples=32,
                                 device_s=0.6 / rate) for i in range(per))
         last[r] += per
         pub.send(encode(Steps(source_id=ids[r], records=recs, sent=flushes, dropped=0)))
-    if flushes % 10 == 0:
+    if flushes % round(1 / FLUSH_S) == 0:  # a node sample a second
         cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(64))
         sample = SystemSample(time=now, host=f"{prefix}-0", interval_s=1.0,
                               cpu=CpuSample(cores, None))

@@ -1,7 +1,8 @@
 """The viewer's own CPU use, and its time to first frame, in a real terminal (tmux).
 
 A publisher process feeds ``gputop tcp://...`` what a big node looks like: a training
-run at 150 steps/s (15 records every 0.1 s) and, at 1 Hz, system samples with 64 cores,
+run at 150 steps/s (its records every 0.5 s, as the probe flushes: probe.core.FLUSH_S;
+GPUTOP_BENCH_FLUSH_S compares another period) and, at 1 Hz, system samples with 64 cores,
 8 GPUs, 8 HPUs, 4 disks and 4 interfaces. The viewer runs at 200x50 with the default
 refresh in a private tmux server; its whole-process CPU time (all threads) is read from
 /proc, GPUTOP_BENCH_REPEATS times (median and spread). For comparison the same is measured
@@ -39,7 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GPUTOP = str(Path(sys.executable).parent / "gputop")
 
 PUBLISHER = """
-import collections, random, socket, sys, time
+import collections, os, random, socket, sys, time
+from gputop_dl.probe.core import FLUSH_S
+FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", FLUSH_S))
 from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, HpuSample,
@@ -68,7 +71,8 @@ if replay:
         history.append(step(i, start - (18_000 - i) / 150))
     i = 18_000
 last_sys, last_hello, t = 0.0, 0.0, time.time()
-next_batch = time.time() + 0.1
+next_batch = time.time() + FLUSH_S
+per_flush = round(150 * FLUSH_S)
 while True:
     attached = pub.wait(max(0.0, next_batch - time.time()))
     if attached and replay:  # as the probe does: hello, node samples, then the steps
@@ -81,11 +85,11 @@ while True:
                                   dropped=0)))
     if time.time() < next_batch:
         continue
-    next_batch += 0.1
+    next_batch += FLUSH_S
     now = time.time()
     recs = []
-    for k in range(15):  # 150 steps/s
-        recs.append(step(i, now - (14 - k) / 150))
+    for k in range(per_flush):  # 150 steps/s
+        recs.append(step(i, now - (per_flush - 1 - k) / 150))
         i += 1
     history.extend(recs)
     pub.send(encode(Steps(source_id=sid, records=tuple(recs), sent=i, dropped=0)))

@@ -48,6 +48,11 @@ ENV_INSECURE = "GPUTOP_INSECURE"  # "1": may listen where the network can read t
 # Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
 # this the oldest are dropped, and counted from the gap in step indices.
 MAX_BUFFERED_STEPS = 50_000
+# The publisher sends the steps it has every FLUSH_S: the viewer's default refresh period
+# (2 Hz), so a step shows no later on screen than it did with shorter flushes, while each
+# message carries more steps (its fixed decode and bookkeeping cost, and the publisher's
+# wake-up, spread over ~2.5x as many at a given rate).
+FLUSH_S = 0.5
 IDLE_FLUSH_S = 0.5  # publisher period while no step arrives (agents, evaluation, hangs)
 HELLO_EVERY_S = 2.0  # late subscribers learn who we are within this time
 DEVICE_EVENT_TIMEOUT_S = 5.0
@@ -159,7 +164,7 @@ class Probe:
         *,
         sample_host: bool | None = None,
         system_interval_s: float = 1.0,
-        flush_interval_s: float = 0.2,
+        flush_interval_s: float = FLUSH_S,
         data_path: str | None = None,
         role: str = "probe",
         insecure: bool | None = None,
