@@ -2,7 +2,8 @@
 
 Simulated ranks speak the real protocol over real sockets: each publisher process binds
 one endpoint (a "node", or a few) and plays its ranks like the probe does — a Steps
-message every 0.1 s per rank (10 steps/s, one record each), a hello every 2 s with the
+message every 0.2 s per rank (10 steps/s, two records each: probe.core.flush_period), a
+hello every 2 s with the
 job id and the rank's device, and one node sample a second from each node's local rank 0.
 DDP's pacing is kept: every rank steps every 100 ms; at a chosen moment one random rank
 starts waiting 40 ms per step for its data (the others then wait in the collective), and
@@ -42,6 +43,7 @@ STEP_S = 0.1
 
 RANKS_SCRIPT = """
 import sys, time
+from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import DeviceRef, Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import DiskSample, GpuSample, SystemSample
@@ -72,6 +74,8 @@ def sample(node, now, slow):
 
 hellos = {r: hello(r) for r in ranks}
 index = dict.fromkeys(ranks, 0)
+FLUSH_EVERY = max(1, round(flush_period(1 / STEP) / STEP))  # steps per message, as a probe
+pending = {r: [] for r in ranks}
 tick = 0
 late = 0.0  # how far this publisher itself fell behind its schedule (a loaded machine)
 next_at = time.time()
@@ -83,9 +87,11 @@ while time.time() - start < seconds:
         if tick % 20 == r % 20:  # hellos spread over the 2 s
             pub.send(hellos[r])
         wait = 0.04 if r == straggler and now >= straggle_at else 0.005
-        record = StepRecord(index[r], now, STEP, wait, 32)
+        pending[r].append(StepRecord(index[r], now, STEP, wait, 32))
         index[r] += 1
-        pub.send(encode(Steps(source_id=sid[r], records=(record,), sent=tick, dropped=0)))
+        if (tick + 1) % FLUSH_EVERY == 0:
+            records, pending[r] = tuple(pending[r]), []
+            pub.send(encode(Steps(source_id=sid[r], records=records, sent=tick, dropped=0)))
     if tick % 10 == 0:
         for node in sorted({r // PER_NODE for r in ranks if r % PER_NODE == 0}):
             slow = straggler // PER_NODE == node and now >= straggle_at

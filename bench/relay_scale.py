@@ -32,7 +32,8 @@ from pathlib import Path
 NODES = int(os.environ.get("GPUTOP_BENCH_NODES", "64"))
 RANKS = int(os.environ.get("GPUTOP_BENCH_RANKS", "8"))
 # Steps a second per rank: a large model's data-parallel step takes about a second; a
-# probe sends at most one message per 0.1 s flush, so 10 and more is 10 messages/s/rank.
+# probe sends at most one message per flush (probe.core.flush_period: every 0.2 s below
+# 100 steps/s), so 5 and more is 5 messages/s/rank.
 STEPS_PER_S = float(os.environ.get("GPUTOP_BENCH_RATE", "2"))
 SECONDS = float(os.environ.get("GPUTOP_BENCH_SECONDS", "15"))  # per window
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
@@ -41,6 +42,7 @@ WARMUP_S = 5.0
 
 PUBLISHER = """
 import json, os, sys, time
+from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
@@ -49,6 +51,7 @@ from gputop_dl.probe.transport import Publisher
 root = sys.argv[1]
 first, last, ranks, world = (int(a) for a in sys.argv[2:6])
 rate = float(sys.argv[6])
+period = flush_period(rate)  # as a probe flushes at this rate
 start = time.time()
 pubs = []  # (publisher, source_id, node, rank)
 for node in range(first, last):
@@ -75,12 +78,12 @@ next_at = time.time()
 due = 0.0  # steps owed: a probe sends a message only at a flush with steps in it
 cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(8))
 while True:
-    next_at += 0.1
-    due += rate / 10
+    next_at += period
+    due += rate * period
     per = int(due)
     due -= per
     for pub, sid, node, local, hello in pubs:
-        if pub.wait(0) or flush % 20 == 0:
+        if pub.wait(0) or flush % round(2 / period) == 0:  # a hello every 2 s
             pub.send(hello)
         now = time.time()
         i = index[sid]
@@ -90,7 +93,7 @@ while True:
         index[sid] = i + per
         if per:
             pub.send(encode(Steps(source_id=sid, records=recs, sent=flush, dropped=0)))
-        if local == 0 and flush % 10 == 0:
+        if local == 0 and flush % round(1 / period) == 0:  # a node sample a second
             sample = SystemSample(time=now, host=f"node{node:02d}", interval_s=1.0,
                                   cpu=CpuSample(cores, None), host_sampled=True)
             pub.send(encode(System(source_id=sid, sample=sample)))

@@ -5,8 +5,9 @@ real socket, cheaper than real trainings.
     python simulated.py ENDPOINT RUNS STEPS_PER_S SECONDS PREFIX
 
 ENDPOINT ``discover`` binds an ipc socket in the runtime dir and registers it, as a probe
-does. Run ``r`` is ``PREFIX-r:1000+r`` on host ``PREFIX-<r // 8>``; its steps are sent every
-probe.core.FLUSH_S, as a probe flushes them (GPUTOP_BENCH_FLUSH_S: another period); one
+does. Run ``r`` is ``PREFIX-r:1000+r`` on host ``PREFIX-<r // 8>``; its steps are sent as a
+probe flushes them at that rate (probe.core.flush_period; GPUTOP_BENCH_FLUSH_S: another
+period); one
 64-core node sample a second. SECONDS 0 runs until killed; otherwise it then prints the last step
 index of each run (JSON) and keeps the socket open while the viewer drains.
 """
@@ -16,14 +17,15 @@ from __future__ import annotations
 SCRIPT = """
 import json, os, socket, sys, time
 from gputop_dl.probe import discovery
-from gputop_dl.probe.core import FLUSH_S
-FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", FLUSH_S))  # another period, to compare
+from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.probe.transport import Publisher
 
 endpoint, runs, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# As a probe flushes at this rate; GPUTOP_BENCH_FLUSH_S: another period, to compare.
+FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", flush_period(rate)))
 seconds, prefix = float(sys.argv[4]), sys.argv[5]
 if endpoint == "discover":
     pub = Publisher(discovery.ipc_endpoint(os.getpid()))

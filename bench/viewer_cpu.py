@@ -1,8 +1,9 @@
 """The viewer's own CPU use, and its time to first frame, in a real terminal (tmux).
 
 A publisher process feeds ``gputop tcp://...`` what a big node looks like: a training
-run at 150 steps/s (its records every 0.5 s, as the probe flushes: probe.core.FLUSH_S;
-GPUTOP_BENCH_FLUSH_S compares another period) and, at 1 Hz, system samples with 64 cores,
+run at 150 steps/s (its records every 0.5 s, as the probe flushes at that rate:
+probe.core.flush_period; GPUTOP_BENCH_FLUSH_S compares another period) and, at 1 Hz,
+system samples with 64 cores,
 8 GPUs, 8 HPUs, 4 disks and 4 interfaces. The viewer runs at 200x50 with the default
 refresh in a private tmux server; its whole-process CPU time (all threads) is read from
 /proc, GPUTOP_BENCH_REPEATS times (median and spread). For comparison the same is measured
@@ -41,8 +42,8 @@ GPUTOP = str(Path(sys.executable).parent / "gputop")
 
 PUBLISHER = """
 import collections, os, random, socket, sys, time
-from gputop_dl.probe.core import FLUSH_S
-FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", FLUSH_S))
+from gputop_dl.probe.core import flush_period
+FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", flush_period(150)))
 from gputop_dl.probe.messages import Hello, LoaderInfo, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, HpuSample,

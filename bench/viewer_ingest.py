@@ -1,7 +1,7 @@
 """The viewer's cost to take in one training step: decode + ViewerState.apply.
 
-Steps arrive as the probe flushes them: a Steps message every probe.core.FLUSH_S
-(0.5 s), here at 150 steps/s (75 records a message) with data wait, device time and
+Steps arrive as the probe flushes them at 150 steps/s: a Steps message every 0.5 s
+(probe.core.flush_period, 75 records a message) with data wait, device time and
 batch size set. Each repeat feeds a fresh ViewerState 20 s of such messages
 (plus a hello, a 64-core node sample a second and a tick at 2 Hz, as the app does) and
 reports CPU time (process_time: all threads) per step: the whole pass less the ticks
@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 
-from gputop_dl.probe.core import FLUSH_S as PROBE_FLUSH_S
+from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import decode, encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
@@ -32,8 +32,9 @@ from gputop_dl.tui.state import ViewerState
 
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "9"))
 STEPS_PER_S = 150
-# As the probe flushes (probe.core.FLUSH_S); GPUTOP_BENCH_FLUSH_S compares another period.
-FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", str(PROBE_FLUSH_S)))
+# As the probe flushes at this rate (probe.core.flush_period); GPUTOP_BENCH_FLUSH_S
+# compares another period.
+FLUSH_S = float(os.environ.get("GPUTOP_BENCH_FLUSH_S", flush_period(STEPS_PER_S)))
 SECONDS = 20
 T0 = 1_700_000_000.0
 SID = "bench-host:4242"

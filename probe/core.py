@@ -48,11 +48,14 @@ ENV_INSECURE = "GPUTOP_INSECURE"  # "1": may listen where the network can read t
 # Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
 # this the oldest are dropped, and counted from the gap in step indices.
 MAX_BUFFERED_STEPS = 50_000
-# The publisher sends the steps it has every FLUSH_S: the viewer's default refresh period
-# (2 Hz), so a step shows no later on screen than it did with shorter flushes, while each
-# message carries more steps (its fixed decode and bookkeeping cost, and the publisher's
-# wake-up, spread over ~2.5x as many at a given rate).
-FLUSH_S = 0.5
+# While steps come the publisher sends them every FLUSH_S: a step reaches a viewer within
+# ~0.2 s. From BATCH_STEPS_PER_S on, every BATCH_FLUSH_S instead (the viewer's default
+# refresh period): each message then carries 2.5x the steps, and a viewer pays ~20 us
+# per message whatever its size (the publisher, a wake-up), while a step of 10 ms or less
+# is no later on screen by more than a fraction of a refresh. See flush_period().
+FLUSH_S = 0.2
+BATCH_FLUSH_S = 0.5
+BATCH_STEPS_PER_S = 100.0
 IDLE_FLUSH_S = 0.5  # publisher period while no step arrives (agents, evaluation, hangs)
 HELLO_EVERY_S = 2.0  # late subscribers learn who we are within this time
 DEVICE_EVENT_TIMEOUT_S = 5.0
@@ -70,6 +73,13 @@ WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not
 # recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
 CAUGHT_UP_TOLERANCE_S = 100e-6
 CAUGHT_UP_TOLERANCE_FRACTION = 0.10
+
+
+def flush_period(steps_per_s: float) -> float:
+    """The publisher's wait before its next flush, after steps came at ``steps_per_s``
+    (benches that simulate probes send as this says)."""
+    return BATCH_FLUSH_S if steps_per_s >= BATCH_STEPS_PER_S else FLUSH_S
+
 
 # Forked children (DataLoader workers) must never touch the parent's sockets or threads.
 _forked_child = False
@@ -164,7 +174,7 @@ class Probe:
         *,
         sample_host: bool | None = None,
         system_interval_s: float = 1.0,
-        flush_interval_s: float = FLUSH_S,
+        flush_interval_s: float | None = None,  # None: flush_period(); else a fixed period
         data_path: str | None = None,
         role: str = "probe",
         insecure: bool | None = None,
@@ -516,7 +526,8 @@ class Probe:
         published = 0
         last_end: float | None = None
         periods: deque[int] = deque(maxlen=PERIODS_KEPT)  # the typical step period, us
-        busy = True
+        period = FLUSH_S  # the publisher's next wait (see flush_period)
+        last_flush = time.monotonic()
         stall_watch = stacks.StallWatch()
         stack_frames: list[bytes] | None = None  # the current stall's stack, for replays
         self._gather_facts()
@@ -549,10 +560,11 @@ class Probe:
         while True:
             # Each wake-up costs tens of microseconds of CPU: poll slower while idle. A
             # new subscriber or close() wakes the thread at once.
-            subscribed = pub.wait(self._flush_interval_s if busy else IDLE_FLUSH_S)
+            subscribed = pub.wait(period)
             stopping = self._stop.is_set()
             try:
                 now = time.monotonic()
+                elapsed, last_flush = now - last_flush, now
                 if subscribed:
                     replay_due = True
                     if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
@@ -560,6 +572,12 @@ class Probe:
                         self._hello_dirty.set()
                 base, records = self._drain(drain, wall_offset, force=stopping)
                 busy = bool(records or drain.pending or self._steps)
+                if not busy:
+                    period = IDLE_FLUSH_S
+                elif self._flush_interval_s is not None:
+                    period = self._flush_interval_s
+                else:
+                    period = flush_period(len(records) / max(elapsed, 1e-3))
                 if records:
                     published += len(records)
                     last_end = base + records[-1][1] / _US

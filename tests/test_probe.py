@@ -558,6 +558,47 @@ def test_a_large_backlog_is_split_into_small_messages() -> None:
     assert max(len(b["records"]) for b in bodies) <= 2_000
 
 
+@pytest.mark.parametrize(
+    ("step_s", "fewest", "most", "latest_s"),
+    [
+        # ~25 steps/s: a message every 0.2 s (~13 in 2.5 s), each step out within 0.2 s.
+        (0.04, 8, 16, 0.7),
+        # ~190 steps/s: a message every 0.5 s (~6 in 2.5 s; every 0.2 s there were ~13).
+        (0.005, 3, 8, 1.0),
+    ],
+    ids=["slow-steps-every-0.2s", "fast-steps-every-0.5s"],
+)
+def test_steps_go_out_soon_and_fast_steps_in_fewer_messages(
+    step_s: float, fewest: int, most: int, latest_s: float
+) -> None:
+    """A viewer pays ~20 us per message whatever its size: from 100 steps/s on the probe
+    batches the steps of 0.5 s (the viewer's refresh period), below that it sends every
+    0.2 s. No step is lost either way, and none waits long (slack for a loaded machine)."""
+    p = tcp_probe("cadence", system_interval_s=0)
+    reader = attached(p)
+    arrivals: list[tuple[float, dict[str, Any]]] = []  # (arrival Unix time, steps body)
+    stop = time.monotonic() + 2.5
+    for _ in p.watch(range(100_000)):
+        for message in reader.pump(step_s):  # the step: reading what arrives meanwhile
+            if message["kind"] == "steps":
+                arrivals.append((time.time(), message["body"]))
+        if time.monotonic() >= stop:
+            break
+    sent = p._index
+    p.close()
+    for message in reader.pump(1.0):
+        if message["kind"] == "steps":
+            arrivals.append((time.time(), message["body"]))
+    reader.close()
+    indices = [r["index"] for _, body in arrivals for r in body["records"]]
+    assert sorted(indices) == list(range(sent))
+    live = [(at, body) for at, body in arrivals if body["records"]]
+    assert fewest <= len(live) <= most, [len(body["records"]) for _, body in live]
+    # The oldest step of each message (but the one close() sent) waited at most a period.
+    delays = [at - body["records"][0]["end_time"] for at, body in live[:-1]]
+    assert max(delays) < latest_s, delays
+
+
 def test_a_persistent_publisher_error_is_logged_once_not_every_flush(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
