@@ -77,8 +77,12 @@ CAUGHT_UP_TOLERANCE_FRACTION = 0.10
 
 def flush_period(steps_per_s: float) -> float:
     """The publisher's wait before its next flush, after steps came at ``steps_per_s``
-    (benches that simulate probes send as this says)."""
-    return BATCH_FLUSH_S if steps_per_s >= BATCH_STEPS_PER_S else FLUSH_S
+    (benches that simulate probes send as this says). Not batched when a batch would hold
+    over a quarter of the step buffer (a tight loop of tiny steps): the buffer must never
+    fill between two flushes."""
+    if BATCH_STEPS_PER_S <= steps_per_s <= MAX_BUFFERED_STEPS / 4 / BATCH_FLUSH_S:
+        return BATCH_FLUSH_S
+    return FLUSH_S
 
 
 # Forked children (DataLoader workers) must never touch the parent's sockets or threads.

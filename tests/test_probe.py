@@ -559,6 +559,27 @@ def test_a_large_backlog_is_split_into_small_messages() -> None:
 
 
 @pytest.mark.parametrize(
+    ("steps_per_s", "period"),
+    [
+        (0.0, 0.2),  # idle
+        (99.9, 0.2),
+        (100.0, 0.5),
+        (150.0, 0.5),
+        (25_000.0, 0.5),  # a 0.5 s batch: a quarter of the 50,000-step buffer
+        (25_001.0, 0.2),  # a tight loop of tiny steps: flushed often, nothing dropped
+        (1e9, 0.2),
+    ],
+)
+def test_flush_period_batches_fast_steps_but_never_a_quarter_of_the_buffer(
+    steps_per_s: float, period: float
+) -> None:
+    from gputop_dl.probe.core import MAX_BUFFERED_STEPS, flush_period
+
+    assert MAX_BUFFERED_STEPS == 50_000
+    assert flush_period(steps_per_s) == period
+
+
+@pytest.mark.parametrize(
     ("step_s", "fewest", "most", "latest_s"),
     [
         # ~25 steps/s: a message every 0.2 s (~13 in 2.5 s), each step out within 0.2 s.
