@@ -166,26 +166,29 @@ def test_a_stalled_run_is_exported_as_stalled() -> None:
     train = subprocess.Popen(
         [sys.executable, "-c", hang, endpoint], stdout=subprocess.PIPE, text=True
     )
-    proc = exporter("--listen", "127.0.0.1:0", "--no-local", endpoint)
     try:
+        # The exporter checks its endpoint once, at start: only once the probe listens.
         assert train.stdout is not None and train.stdout.readline() == "up\n"
-        url = url_of(proc)
-        deadline = time.monotonic() + 40
-        stalled, seconds = None, 0.0
-        while time.monotonic() < deadline:
-            fams = scrape(url)
-            shown = [s for s in fams.get("gputop_run_verdict", []) if s.value == 1]
-            stalled = shown[0].labels["gputop_run_verdict"] if shown else None
-            if stalled == "stalled":
-                seconds = fams["gputop_run_stalled_seconds"][0].value
-                if seconds > 0:
-                    break
-            time.sleep(0.5)
-        assert stalled == "stalled" and seconds > 0
-        assert fams["gputop_run_verdict_severity"][0].value == 3
+        proc = exporter("--listen", "127.0.0.1:0", "--no-local", endpoint)
+        try:
+            url = url_of(proc)
+            deadline = time.monotonic() + 40
+            stalled, seconds = None, 0.0
+            while time.monotonic() < deadline:
+                fams = scrape(url)
+                shown = [s for s in fams.get("gputop_run_verdict", []) if s.value == 1]
+                stalled = shown[0].labels["gputop_run_verdict"] if shown else None
+                if stalled == "stalled":
+                    seconds = fams["gputop_run_stalled_seconds"][0].value
+                    if seconds > 0:
+                        break
+                time.sleep(0.5)
+            assert stalled == "stalled" and seconds > 0
+            assert fams["gputop_run_verdict_severity"][0].value == 3
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 128 + signal.SIGTERM
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
         train.kill()
         train.wait()
 
