@@ -18,6 +18,10 @@ The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, 
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
 
+Each round also runs a "floor" child: the same loop through a generator that only reads
+the clock before and after ``next()``, the least any timing of the loop does; the probe's
+own cost is what it adds above that.
+
 On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
 probe's cost, so the last section also profiles the probe's own parts in this process
 (CPU time of the calling thread, repeated): the training-thread path between real ~100 us
@@ -122,11 +126,18 @@ if mode == "probe":
     p.close()
     c1 = time.process_time()
 else:
+    def two_clock_reads(batches):  # the floor: what any timing of next() must do
+        perf = time.perf_counter
+        for batch in batches:
+            perf()
+            yield batch
+            perf()
+    loop = two_clock_reads(batches) if mode == "floor" else batches
     print("-", flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
     c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
-    for _ in batches:
+    for _ in loop:
         work()
     w1, m1 = time.perf_counter(), time.thread_time()
     c1 = time.process_time()
@@ -293,25 +304,33 @@ def in_context(p: Probe, batch: object) -> None:
 
 
 def pairs_of(kind: str, pairs: int) -> None:
+    """Each round runs a bare child, a probe child and a "floor" child (a generator that
+    only reads the clock before and after next(), as any timing of the loop must), in
+    a rotating order; the costs are each child's CPU less its round's bare child's."""
     cpu_costs, wall_costs, main_costs, bare_steps = [], [], [], []
+    floor_cpu, floor_main = [], []
+    modes = ("bare", "probe", "floor")
     for i in range(pairs):
-        order = ("bare", "probe") if i % 2 == 0 else ("probe", "bare")
+        order = modes[i % 3 :] + modes[: i % 3]
         results = {mode: run(mode, kind) for mode in order}
-        (cpu_b, wall_b, main_b, _), (cpu_p, wall_p, main_p, got) = (
-            results["bare"],
-            results["probe"],
-        )
+        cpu_b, wall_b, main_b, _ = results["bare"]
+        cpu_p, wall_p, main_p, got = results["probe"]
+        cpu_f, _, main_f, _ = results["floor"]
         assert got > 0, "the subscriber received nothing"
         cpu_costs.append((cpu_p - cpu_b) / STEPS * 1e6)
         main_costs.append((main_p - main_b) / STEPS * 1e6)
         wall_costs.append((wall_p - wall_b) / STEPS * 1e6)
+        floor_cpu.append((cpu_f - cpu_b) / STEPS * 1e6)
+        floor_main.append((main_f - main_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
     print(f"probe cost per step over {KINDS[kind]}")
-    print(f"{pairs} interleaved subprocess pairs x {STEPS} steps")
+    print(f"{pairs} interleaved subprocess rounds (bare, probe, floor) x {STEPS} steps")
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
     print(f"  of which the training thread's CPU:      {spread(main_costs)}")
     print(f"  training-thread wall time:             {spread(wall_costs)}")
+    print(f"  floor, two clock reads around next():  {spread(floor_cpu)}")
+    print(f"    of which the training thread's CPU:  {spread(floor_main)}")
     parts = PARTS[f"probe {kind}"]
     for i, name in enumerate(("publisher thread (loop)", "zmq I/O thread (loop)", "close + rest")):
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")

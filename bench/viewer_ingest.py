@@ -19,6 +19,7 @@ compare).
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import time
@@ -114,6 +115,26 @@ def decode_once(stream: list[tuple[float, list[bytes], int]]) -> float:
     return clock() - start
 
 
+def reference_us() -> float:
+    """CPU us of a fixed piece of Python (bench/probe_overhead.py's step, 1,200 integer
+    additions): this machine's speed, so that figures taken on hosts of different speed
+    can be compared (this VM's has varied 4x from one day to the next)."""
+
+    def work() -> int:  # as bench/probe_overhead.py's children run it
+        x = 0
+        for i in range(1200):
+            x += i
+        return x
+
+    best = math.inf
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(2_000):
+            work()
+        best = min(best, (time.process_time() - start) / 2_000 * 1e6)
+    return best
+
+
 def show(name: str, values: list[float], unit: str) -> None:
     low, high, mid = min(values), max(values), statistics.median(values)
     print(f"  {name:<32} median {mid:7.2f} {unit}  (min {low:.2f}, max {high:.2f})")
@@ -155,6 +176,7 @@ def main() -> None:
     show("  64-core node sample, 1 Hz", system_us, "us")
     show("    of which its decode", system_decode_us, "us")
     show("state.tick (2 Hz, 1 run)", tick_ms, "ms")
+    print(f"this machine: the reference step (1,200 Python additions) {reference_us():.1f} us")
     print("goal: ingest <= 2 us per step; the tick (summaries, verdict once a second) is per")
     print("      refresh, not per step: at 2 Hz, 1 ms a tick is 0.2 % of a core")
 
