@@ -1,7 +1,8 @@
 """What ``gputop exporter`` costs with 64 runs attached: scrape latency and its own CPU.
 
 A publisher process plays 64 training runs on 8 nodes over a real ZeroMQ socket (each run:
-a Steps message every 0.1 s at GPUTOP_BENCH_RATE steps/s, a hello every 2 s; each node:
+a Steps message every 0.1 s at GPUTOP_BENCH_RATE steps/s (two to five times the probe's
+rate of messages, probe.core.flush_period: a heavier load), a hello every 2 s; each node:
 a sample a second with 64 cores, 8 GPUs, disks and NICs). The real ``gputop exporter``
 CLI subscribes to it. Measured, over GPUTOP_BENCH_REPEATS fresh exporter processes:
 - scrape latency: the time of a full ``GET /metrics`` (body read), 20 back-to-back;

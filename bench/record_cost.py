@@ -1,7 +1,8 @@
 """What a recording costs: bytes per step and per node sample, and the recorder's CPU.
 
 1. Size: the real RecordWriter (zstd, a chunk a second) fed 10 minutes of steps alone
-   (flushed every 0.1 s as the probe does, at 10 and at 1,000 steps/s) and of node samples
+   (flushed every 0.1 s, at 10 and at 1,000 steps/s; the probe sends every 0.2 s at
+   10 steps/s and every 0.5 s at 1,000: more, smaller messages than it writes) and of node samples
    alone (a 64-core, 8-GPU node, tests/fakes_tui.system_sample; and this host's own
    samples from the real collectors, repeated with their times moved).
 2. CPU: ``gputop record FILE ENDPOINT --no-local --duration 20`` as a subprocess while

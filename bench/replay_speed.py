@@ -1,7 +1,8 @@
 """Replay of a 1-hour recording to a headless verdict (``gputop snapshot FILE``).
 
-The recording is synthetic but shaped like a real one: a run at ~10 steps/s flushed as the
-probe does (a steps message every 0.1 s), a hello every 2 s, and node samples at 1 Hz of a
+The recording is synthetic but shaped like a real one: a run at ~10 steps/s in a steps
+message every 0.1 s (the probe now sends every 0.2 s at this rate: twice its messages, a
+heavier file to replay), a hello every 2 s, and node samples at 1 Hz of a
 64-core, 8-GPU node (tests/fakes_tui.system_sample), written with the real RecordWriter
 (one chunk a second). Each repeat reads the file, decodes every frame, and replays it
 through the viewer state and analyzer to the verdict at its end; the figure is the whole

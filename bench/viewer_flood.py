@@ -1,7 +1,8 @@
 """Many runs into one viewer: 64 runs x 200 steps/s (12,800 steps/s), is anything left behind?
 
-A publisher process plays 64 training runs (each: a Steps message every 0.1 s, a hello
-every 2 s; one node sample a second). A viewer process runs the real pipeline the TUI and
+A publisher process plays 64 training runs (each: its steps as the probe sends
+them, every 0.5 s at this rate (bench/simulated.py, probe.core.flush_period), a hello every
+2 s; one node sample a second). A viewer process runs the real pipeline the TUI and
 ``gputop snapshot`` use (ZmqSource thread + ViewerState, ticked at 2 Hz) and reports its
 whole-process CPU time (all threads) over the flood; after a drain it compares each run's
 newest step index with the publisher's. With tmux installed the real TUI (200x50, default
