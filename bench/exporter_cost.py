@@ -1,8 +1,8 @@
 """What ``gputop exporter`` costs with 64 runs attached: scrape latency and its own CPU.
 
 A publisher process plays 64 training runs on 8 nodes over a real ZeroMQ socket (each run:
-a Steps message every 0.1 s at GPUTOP_BENCH_RATE steps/s (two to five times the probe's
-rate of messages, probe.core.flush_period: a heavier load), a hello every 2 s; each node:
+its steps at GPUTOP_BENCH_RATE steps/s, sent as the probe sends them (every 0.5 s at the
+default 100 steps/s: probe.core.flush_period), a hello every 2 s; each node:
 a sample a second with 64 cores, 8 GPUs, disks and NICs). The real ``gputop exporter``
 CLI subscribes to it. Measured, over GPUTOP_BENCH_REPEATS fresh exporter processes:
 - scrape latency: the time of a full ``GET /metrics`` (body read), 20 back-to-back;
@@ -40,7 +40,9 @@ from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, 
                                      NetSample, SystemSample)
 from gputop_dl.probe.transport import Publisher
 
+from gputop_dl.probe.core import flush_period
 endpoint, runs, rate = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+FLUSH_S = flush_period(rate)  # as the probe sends at this rate
 pub = Publisher(endpoint)
 start = time.time()
 def hello(r):
@@ -53,11 +55,11 @@ flushes = 0
 next_at = time.time()
 print("up", flush=True)
 while True:
-    next_at += 0.1
+    next_at += FLUSH_S
     now = time.time()
-    per = max(1, rate // 10)
+    per = max(1, round(rate * FLUSH_S))
     for r in range(runs):
-        if flushes % 20 == 0:
+        if flushes % round(2 / FLUSH_S) == 0:  # a hello every 2 s
             pub.send(hellos[r])
         recs = tuple(StepRecord(index=last[r] + 1 + i, end_time=now - (per - 1 - i) / rate,
                                 period_s=1 / rate, wait_s=0.3 / rate, samples=32)
@@ -65,7 +67,7 @@ while True:
         last[r] += per
         pub.send(encode(Steps(source_id=f"node{r // 8}:{1000 + r}", records=recs,
                               sent=flushes, dropped=0)))
-    if flushes % 10 == 0:
+    if flushes % round(1 / FLUSH_S) == 0:  # a node sample a second
         for node in range(max(1, runs // 8)):
             sample = SystemSample(
                 time=now, host=f"node{node}", interval_s=1.0,

@@ -1,13 +1,14 @@
 """What a recording costs: bytes per step and per node sample, and the recorder's CPU.
 
 1. Size: the real RecordWriter (zstd, a chunk a second) fed 10 minutes of steps alone
-   (flushed every 0.1 s, at 10 and at 1,000 steps/s; the probe sends every 0.2 s at
-   10 steps/s and every 0.5 s at 1,000: more, smaller messages than it writes) and of node samples
+   (sent as the probe sends them, probe.core.flush_period: every 0.2 s at 10 steps/s,
+   every 0.5 s at 1,000) and of node samples
    alone (a 64-core, 8-GPU node, tests/fakes_tui.system_sample; and this host's own
    samples from the real collectors, repeated with their times moved).
 2. CPU: ``gputop record FILE ENDPOINT --no-local --duration 20`` as a subprocess while
-   this process publishes 1,000 steps/s on a real ZeroMQ socket (a steps message of 100
-   records every 0.1 s, a hello every 2 s, a node sample a second). The recorder's
+   this process publishes 1,000 steps/s on a real ZeroMQ socket (a steps message of 500
+   records every 0.5 s, as the probe sends them, a hello every 2 s, a node sample a
+   second). The recorder's
    whole-process CPU (all threads and start-up, from getrusage of the child) per second
    of recording, beside a run with only the hello and samples (no steps).
 Prints median and spread over the repeats.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.transport import Publisher
@@ -50,18 +52,19 @@ def steps_bytes(folder: Path, steps_per_s: int) -> float:
     path = folder / f"steps-{steps_per_s}.gtrec"
     now = [0.0]
     writer = RecordWriter(path, host=HOST, clock=lambda: now[0])
-    per_flush = max(1, steps_per_s // 10)
+    flush_s = flush_period(steps_per_s)  # as the probe sends at this rate
+    per_flush = max(1, round(steps_per_s * flush_s))
     period = 1.0 / steps_per_s
     index = 0
-    for tenth in range(SIZE_SECONDS * 10):
-        now[0] = tenth / 10
+    for flush in range(round(SIZE_SECONDS / flush_s)):
+        now[0] = flush * flush_s
         records = []
         for _ in range(per_flush):
             end = T0 + index * period
             wait = period * (0.2 + 0.1 * ((index * 7919) % 13) / 13)  # varied, as real ones
             records.append(StepRecord(index, end, period * (1 + (index % 5) / 50), wait, 32))
             index += 1
-        writer.add(encode(Steps(SOURCE_ID, tuple(records), tenth, 0)), T0 + tenth / 10)
+        writer.add(encode(Steps(SOURCE_ID, tuple(records), flush, 0)), T0 + now[0])
         writer.tick()
     writer.close()
     size = path.stat().st_size
@@ -106,22 +109,24 @@ def publish(endpoint: str, stop: threading.Event, steps_per_s: int) -> None:
     publisher = Publisher(endpoint)
     index = 0
     next_flush = time.monotonic()
-    tenth = 0
+    flush = 0
+    # As the probe sends at this rate; without steps, a wake-up every 0.5 s for the rest.
+    flush_s = flush_period(steps_per_s) if steps_per_s else 0.5
     try:
         while not stop.is_set():
             now = time.time()
             records = []
-            for _ in range(steps_per_s // 10):
+            for _ in range(round(steps_per_s * flush_s)):
                 records.append(StepRecord(index, now, 0.001, 0.0003, 32))
                 index += 1
             if steps_per_s:
-                publisher.send(encode(Steps(SOURCE_ID, tuple(records), tenth, 0)))
-            if tenth % 20 == 0:
+                publisher.send(encode(Steps(SOURCE_ID, tuple(records), flush, 0)))
+            if flush % round(2 / flush_s) == 0:  # a hello every 2 s
                 publisher.send(encode(hello(started=T0)))
-            if tenth % 10 == 0:
+            if flush % round(1 / flush_s) == 0:  # a node sample a second
                 publisher.send(encode(System(SOURCE_ID, system_sample(now))))
-            tenth += 1
-            next_flush += 0.1
+            flush += 1
+            next_flush += flush_s
             publisher.wait(max(0.0, next_flush - time.monotonic()))
     finally:
         publisher.close()
