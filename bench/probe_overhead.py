@@ -1,13 +1,14 @@
 """Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
 same bare loop, in separate interleaved subprocesses.
 
-Each child runs STEPS steps of ~100 us of Python work, over one of two loaders:
+Each child runs STEPS steps of Python work (1,200 integer additions: 18-74 us on this
+VM, whose speed varies from day to day), over one of two loaders:
 
 * ``list``: a list of batches (a tuple holding numpy arrays): the probe counts each
   batch's samples by looking at it;
-* ``dataloader``: a torch DataLoader (batch_size=32, default collate; its own ~120 us
-  per batch is in both children): torch fixes every batch's count, so the probe looks
-  only at the first batch (probe/loader.py, ``batch_plan``).
+* ``dataloader``: a torch DataLoader (batch_size=32, default collate; its own work per
+  batch, 60 us on a fast day here, is in both children): torch fixes every batch's
+  count, so the probe looks only at the first batch (probe/loader.py, ``batch_plan``).
 
 The probe child has a subscriber attached (in this parent process, so its cost is not
 counted) and stops its clock only after ``probe.close()`` has flushed and sent
@@ -17,6 +18,13 @@ per step.
 The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, so the
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
+
+The two loaders give different figures for a reason: the list's step is integer additions
+alone, which allocate nothing but the integers themselves, and such a step runs measurably
+slower in a fresh process as soon as anything beside it allocates an object a step and
+keeps it over the step (the probe's record does; so does an ad-hoc generator that keeps a
+float); a DataLoader's step allocates as real steps do and shows no such effect. The
+DataLoader figure is the one to read for a real training loop.
 
 Each round also runs a "floor" child: the same loop through a generator that only reads
 the clock before and after ``next()``, the least any timing of the loop does; the probe's
