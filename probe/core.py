@@ -626,11 +626,13 @@ class Probe:
                 if replay_due and now - last_replay >= REPLAY_MIN_INTERVAL_S and not stopping:
                     # History for whoever just attached (everyone else de-duplicates by
                     # step index); the hello above already went out.
+                    # The steps first: the late viewer's graph and verdict are made of
+                    # them (the samples fill in its node panels' history).
                     replay_due, last_replay = False, now
-                    for frames in list(systems):
-                        send(frames)
                     for base_time, rows in _by_base(history):
                         send_steps(base_time, rows)
+                    for frames in list(systems):
+                        send(frames)
                     if stack_frames is not None:
                         send(stack_frames)  # a viewer attaching during a stall sees where
                 if stopping:

@@ -28,7 +28,12 @@ import zmq
 
 from gputop_dl.probe.protocol import TOPIC_PREFIX
 
-SEND_HWM = 64  # messages queued per subscriber before we drop: ~6 s of step batches
+# Messages queued per subscriber before libzmq drops them. A probe sends a few a second,
+# but a history replay (probe.core: up to ten 2,000-step messages and 60 node samples,
+# after a hello) goes out in one burst, to every subscriber: the queue holds a whole
+# replay with room to spare (with 64, a fast run lost most of its replayed steps). A
+# subscriber that stops reading holds about a replay's worth (~1 MB) in this process.
+SEND_HWM = 128
 RECV_HWM = 10_000
 # Subscription notices kept queued for the publisher thread; a flood beyond this is
 # dropped by libzmq, which only delays a replay (notices are coalesced anyway).
@@ -121,10 +126,16 @@ class Publisher:
     At most ``max_peers`` peers are connected at once: libzmq asks the ZAP handler
     (served in :meth:`wait` and :meth:`send`) about each new one; the socket monitor
     tells which connections are open. ``refused`` counts the peers turned away.
+    ``send_hwm``: messages queued per subscriber (SEND_HWM); a socket that publishes for
+    many sources at once (a simulation of many probes) needs room for each.
     """
 
     def __init__(
-        self, endpoint: str, max_peers: int = MAX_PEERS, keys: CurveKeys | None = None
+        self,
+        endpoint: str,
+        max_peers: int = MAX_PEERS,
+        keys: CurveKeys | None = None,
+        send_hwm: int = SEND_HWM,
     ) -> None:
         self.endpoint = endpoint
         # A network endpoint is CURVE-encrypted whenever the user has keys: only clients
@@ -137,7 +148,7 @@ class Publisher:
         # to tear ours down without touching theirs.
         self._ctx = zmq.Context(io_threads=1)
         self._sock = self._ctx.socket(zmq.XPUB)
-        self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self._sock.setsockopt(zmq.SNDHWM, send_hwm)
         self._sock.setsockopt(zmq.RCVHWM, SUB_NOTICE_HWM)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)

@@ -448,6 +448,50 @@ def test_a_late_subscriber_gets_the_history_and_a_hello_within_a_second() -> Non
     assert hello["name"] == "late" and hello["step_count"] == 500
 
 
+def test_a_full_history_reaches_a_late_subscriber_whole() -> None:
+    """The biggest replay a probe sends: HISTORY_SYSTEMS node samples and HISTORY_MAX_STEPS
+    steps (ten steps messages), in one burst from the publisher thread. None of it may be
+    dropped by the socket's per-subscriber queue, and the steps least of all: they are what
+    the late viewer's graph and verdict are made of (with a queue of 64 messages, the
+    samples went first and most runs lost part of the steps)."""
+    from gputop_dl.probe.core import HISTORY_MAX_STEPS, HISTORY_SYSTEMS
+
+    p = tcp_probe("full", system_interval_s=0.05)
+    total = HISTORY_MAX_STEPS + 5_000
+    for _ in p.watch(range(total)):
+        pass
+    watcher = attached(p)  # counts the node samples the probe keeps, as they go out
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline and len(watcher.of_kind("system")) <= HISTORY_SYSTEMS:
+        watcher.pump(0.2)
+    watcher.close()
+    reader = WireReader(p.endpoint or "")
+    expected = set(range(total - HISTORY_MAX_STEPS, total))
+    seen: set[int] = set()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and not expected <= seen:
+        reader.pump(0.1)
+        seen = {r["index"] for r in reader.steps()}
+    samples = len(reader.of_kind("system"))
+    p.close()
+    reader.close()
+    missing = len(expected - seen)
+    assert missing == 0, f"{missing} of the history's {len(expected)} steps missing"
+    assert samples >= HISTORY_SYSTEMS
+
+
+def test_the_send_queue_holds_a_whole_replay_and_the_live_messages_beside_it() -> None:
+    from gputop_dl.probe import core, transport
+
+    replay = (
+        1  # the hello
+        + -(-core.HISTORY_MAX_STEPS // core.RECORDS_PER_MESSAGE)
+        + core.HISTORY_SYSTEMS
+        + 1  # a stall's stack
+    )
+    assert replay + 16 <= transport.SEND_HWM  # room for a few seconds of live messages
+
+
 def test_history_replay_repeats_steps_with_their_own_indices() -> None:
     p = tcp_probe("twice", system_interval_s=0)
     first = attached(p)
