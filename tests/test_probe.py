@@ -492,6 +492,67 @@ def test_the_send_queue_holds_a_whole_replay_and_the_live_messages_beside_it() -
     assert replay + 16 <= transport.SEND_HWM  # room for a few seconds of live messages
 
 
+STALLED_SUBSCRIBER = """
+import sys, time, zmq
+ctx = zmq.Context()
+sock = ctx.socket(zmq.SUB)
+sock.setsockopt(zmq.RCVHWM, 1)
+sock.setsockopt(zmq.RCVBUF, 4096)
+sock.setsockopt(zmq.SUBSCRIBE, b"")
+sock.connect(sys.argv[1])
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def test_stalled_subscribers_hold_a_bounded_share_of_the_training_process() -> None:
+    """Subscribers stopped (SIGSTOP: a suspended ssh, a frozen laptop) while replays of a
+    full history keep going out to them: each holds at most its queue (SEND_HWM messages,
+    a replay's worth) in the training process, which keeps its memory and never blocks."""
+    p = tcp_probe("stalled", system_interval_s=0.05)
+    for _ in p.watch(range(25_000)):
+        pass
+    time.sleep(1.0)
+
+    def rss_mib() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def subscriber() -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STALLED_SUBSCRIBER, p.endpoint or ""],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+        return proc
+
+    stalled = [subscriber() for _ in range(8)]
+    try:
+        time.sleep(1.0)
+        for proc in stalled:
+            proc.send_signal(signal.SIGSTOP)
+        before = rss_mib()
+        for _ in range(24):  # each attach replays the history to everyone, the stalled too
+            again = subscriber()
+            time.sleep(0.6)
+            again.kill()
+            again.wait()
+        grown = rss_mib() - before
+        started = time.monotonic()
+        steps = sum(1 for _ in p.watch(range(1_000)))  # training goes on at full speed
+        assert steps == 1_000 and time.monotonic() - started < 1.0
+    finally:
+        for proc in stalled:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+        p.close()
+    # Without the bound the queues take ~9 MiB here (the kernel's socket buffers hold the
+    # first few MB of each stalled peer); with it, ~1.7.
+    assert grown < 5, f"the probe's process grew {grown:.1f} MiB"
+
+
 def test_history_replay_repeats_steps_with_their_own_indices() -> None:
     p = tcp_probe("twice", system_interval_s=0)
     first = attached(p)
