@@ -43,18 +43,18 @@ STEP_S = 0.1
 
 RANKS_SCRIPT = """
 import sys, time
-from gputop_dl.probe.core import flush_period
+from gputop_dl.probe.core import SEND_QUEUE, flush_period
 from gputop_dl.probe.messages import DeviceRef, Hello, StepRecord, Steps, System
 from gputop_dl.probe.protocol import encode
 from gputop_dl.probe.samples import DiskSample, GpuSample, SystemSample
-from gputop_dl.probe.transport import SEND_HWM, Publisher
+from gputop_dl.probe.transport import Publisher
 
 endpoint, job = sys.argv[1], sys.argv[5]
 first, last, world, straggler = (int(sys.argv[i]) for i in (2, 3, 4, 6))
 straggle_at, seconds = float(sys.argv[7]), float(sys.argv[8])
 PER_NODE, STEP = 8, 0.1
 # One socket stands for many probes here: each probe has a queue of its own.
-pub = Publisher(endpoint, send_hwm=SEND_HWM * (last - first))
+pub = Publisher(endpoint, send_hwm=SEND_QUEUE * (last - first))
 start = time.time()
 ranks = range(first, last)
 sid = {r: f"node{r // PER_NODE:02d}:{10000 + r}" for r in ranks}

@@ -67,6 +67,12 @@ BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 u
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
+# Messages a history replay sends in one burst, to every subscriber: a hello, the steps,
+# the node samples, a stall's stack. The socket queues a whole one per subscriber, plus a
+# few seconds of live messages (with room for less, a fast run lost most of its replayed
+# steps); a subscriber that stops reading holds about a replay's worth (~1 MB) here.
+REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYSTEMS + 1
+SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
 # device_caught_up: the device reached the end-of-step event within this lag of the host
@@ -267,7 +273,7 @@ class Probe:
             if warning is not None and endpoint not in _access_warned:
                 _access_warned.add(endpoint)  # once per endpoint and process
                 log.warning("gputop probe: %s", warning)
-            self._publisher = Publisher(endpoint)
+            self._publisher = Publisher(endpoint, send_hwm=SEND_QUEUE)
             self.endpoint = self._publisher.endpoint
         except (TransportError, discovery.DiscoveryError, OSError) as exc:
             self._degrade(f"{exc}")

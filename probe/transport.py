@@ -28,11 +28,8 @@ import zmq
 
 from gputop_dl.probe.protocol import TOPIC_PREFIX
 
-# Messages queued per subscriber before libzmq drops them. A probe sends a few a second,
-# but a history replay (probe.core: up to ten 2,000-step messages and 60 node samples,
-# after a hello) goes out in one burst, to every subscriber: the queue holds a whole
-# replay with room to spare (with 64, a fast run lost most of its replayed steps). A
-# subscriber that stops reading holds about a replay's worth (~1 MB) in this process.
+# Messages queued per subscriber before libzmq drops them (the default: the probe sizes
+# its queue for its history replays, probe.core.SEND_QUEUE).
 SEND_HWM = 128
 RECV_HWM = 10_000
 # Subscription notices kept queued for the publisher thread; a flood beyond this is
@@ -126,8 +123,9 @@ class Publisher:
     At most ``max_peers`` peers are connected at once: libzmq asks the ZAP handler
     (served in :meth:`wait` and :meth:`send`) about each new one; the socket monitor
     tells which connections are open. ``refused`` counts the peers turned away.
-    ``send_hwm``: messages queued per subscriber (SEND_HWM); a socket that publishes for
-    many sources at once (a simulation of many probes) needs room for each.
+    ``send_hwm``: messages queued per subscriber before they are dropped (a burst the
+    publisher sends at once must fit; a socket publishing for many sources needs room
+    for each).
     """
 
     def __init__(

@@ -480,18 +480,6 @@ def test_a_full_history_reaches_a_late_subscriber_whole() -> None:
     assert samples >= HISTORY_SYSTEMS
 
 
-def test_the_send_queue_holds_a_whole_replay_and_the_live_messages_beside_it() -> None:
-    from gputop_dl.probe import core, transport
-
-    replay = (
-        1  # the hello
-        + -(-core.HISTORY_MAX_STEPS // core.RECORDS_PER_MESSAGE)
-        + core.HISTORY_SYSTEMS
-        + 1  # a stall's stack
-    )
-    assert replay + 16 <= transport.SEND_HWM  # room for a few seconds of live messages
-
-
 STALLED_SUBSCRIBER = """
 import sys, time, zmq
 ctx = zmq.Context()
@@ -507,8 +495,8 @@ time.sleep(120)
 
 def test_stalled_subscribers_hold_a_bounded_share_of_the_training_process() -> None:
     """Subscribers stopped (SIGSTOP: a suspended ssh, a frozen laptop) while replays of a
-    full history keep going out to them: each holds at most its queue (SEND_HWM messages,
-    a replay's worth) in the training process, which keeps its memory and never blocks."""
+    full history keep going out to them: each holds at most its queue (core.SEND_QUEUE
+    messages, a replay's worth) in the training process, which keeps its memory and never blocks."""
     p = tcp_probe("stalled", system_interval_s=0.05)
     for _ in p.watch(range(25_000)):
         pass
@@ -540,8 +528,8 @@ def test_stalled_subscribers_hold_a_bounded_share_of_the_training_process() -> N
             again.wait()
         grown = rss_mib() - before
         started = time.monotonic()
-        steps = sum(1 for _ in p.watch(range(1_000)))  # training goes on at full speed
-        assert steps == 1_000 and time.monotonic() - started < 1.0
+        steps = sum(1 for _ in p.watch(range(1_000)))  # sends never block the training
+        assert steps == 1_000 and time.monotonic() - started < 10.0  # a hang, not a speed
     finally:
         for proc in stalled:
             proc.send_signal(signal.SIGCONT)
