@@ -1,8 +1,9 @@
 """Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
 same bare loop, in separate interleaved subprocesses.
 
-Each child runs STEPS steps of Python work (1,200 integer additions: 18-74 us on this
-VM, whose speed varies from day to day), over one of two loaders:
+Each child runs STEPS steps of Python work (ADDITIONS integer additions, 1,200 by default:
+18-74 us on this VM, whose speed varies from day to day; 4,800 make the ~100 us step the
+goal was set with), over one of two loaders:
 
 * ``list``: a list of batches (a tuple holding numpy arrays): the probe counts each
   batch's samples by looking at it;
@@ -19,12 +20,20 @@ The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, 
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
 
-The two loaders give different figures for a reason: the list's step is integer additions
-alone, which allocate nothing but the integers themselves, and such a step runs measurably
-slower in a fresh process as soon as anything beside it allocates an object a step and
-keeps it over the step (the probe's record does; so does an ad-hoc generator that keeps a
-float); a DataLoader's step allocates as real steps do and shows no such effect. The
-DataLoader figure is the one to read for a real training loop.
+Over the list the probe's cost is mostly not its own instructions (about 0.5 us a step,
+profiled below): the step's additions run slower in a watched process, in proportion to
+the step (on 2026-11-25: +19 % at 28 us steps, +11 % at 116 us), and slower even behind
+the floor's bare generator (+3.6 % at 116 us). Memory layout does not explain it (each
+round randomizes it, below), nor do the probe's per-step records: a variant that wrote
+every step into preallocated columns and kept no object per step measured the same
+(6.5 against 6.3-7.5 us, alternately). A DataLoader's step, which runs as real steps do,
+shows the probe at about the floor's cost. Hardware counters would say more; this VM has
+none.
+
+Each round runs its three children in one memory layout, drawn at random for the round:
+objects of random sizes kept, and the loop run at a random call depth. With one fixed
+layout per kind of child, the same additions ran up to 10 % faster or slower from one
+kind to another for no reason but where their objects landed.
 
 Each round also runs a "floor" child: the same loop through a generator that only reads
 the clock before and after ``next()``, the least any timing of the loop does; the probe's
@@ -39,7 +48,7 @@ count, the record), and the publisher's per-step work (drain to wire records, ms
 encoding). Last, the publisher thread's share of a core when steps are slow (10 ms):
 its per-wake-up cost.
 
-    python bench/probe_overhead.py [pairs] [list|dataloader|both]
+    python bench/probe_overhead.py [pairs] [list|dataloader|both] [additions]
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
 PAIRS = 12
+ADDITIONS = 1_200  # a step's Python work (argv 3)
 PARTS: dict[str, list[tuple[float, float, float]]] = {}  # publisher, zmq I/O, close + rest
 KINDS = {
     "list": "a list of numpy batches, each one counted",
@@ -66,7 +76,7 @@ KINDS = {
 }
 
 CHILD = r"""
-import os, sys, time
+import os, random, sys, time
 import numpy as np
 from gputop_dl import probe
 
@@ -88,6 +98,7 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
     return out
 
 STEPS = int(sys.argv[2])
+ADDITIONS = int(sys.argv[4])
 if sys.argv[3] == "dataloader":
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -112,9 +123,28 @@ else:
 
 def work():  # ~100 us of Python
     x = 0
-    for i in range(1200):
+    for i in range(ADDITIONS):
         x += i
     return x
+
+def timed(loop):
+    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
+    for _ in loop:
+        work()
+    return c0, w0, m0, time.perf_counter(), time.thread_time()
+
+# This round's memory layout, the same in its three children: objects of random sizes
+# kept (where pymalloc places the step's integers) and the loop run at a random call
+# depth (where its frame sits). The same additions run up to 10 % faster or slower from
+# one layout to another, and a child's layout is otherwise fixed by what it imported.
+rng = random.Random(int(sys.argv[5]))
+PAD = [bytearray(rng.randrange(1, 520)) for _ in range(rng.randrange(400))]
+PAD += [float(i) for i in range(rng.randrange(200))]
+PAD += [(i,) * rng.randrange(1, 9) for i in range(rng.randrange(200))]
+DEPTH = rng.randrange(24)
+
+def at_depth(depth, loop):
+    return at_depth(depth - 1, loop) if depth else timed(loop)
 
 mode = sys.argv[1]
 PUBLISHER = None
@@ -125,10 +155,7 @@ if mode == "probe":
     sys.stdin.readline()  # the parent's subscriber is attached
     time.sleep(0.5)
     before = threads()
-    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
-    for _ in p.watch(batches):
-        work()
-    w1, m1 = time.perf_counter(), time.thread_time()
+    c0, w0, m0, w1, m1 = at_depth(DEPTH, p.watch(batches))
     # the publisher and zmq threads end in close(): read them just before
     parts = {k: (v - before.get(k, 0)) / 1e9 for k, v in threads().items()}
     p.close()
@@ -144,10 +171,7 @@ else:
     print("-", flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
-    c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
-    for _ in loop:
-        work()
-    w1, m1 = time.perf_counter(), time.thread_time()
+    c0, w0, m0, w1, m1 = at_depth(DEPTH, loop)
     c1 = time.process_time()
     parts = {}
 print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
@@ -155,9 +179,9 @@ print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
 """
 
 
-def run(mode: str, kind: str) -> tuple[float, float, float, int]:
+def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, mode, str(STEPS), kind],
+        [sys.executable, "-c", CHILD, mode, str(STEPS), kind, str(ADDITIONS), str(layout)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -283,7 +307,7 @@ def in_context(p: Probe, batch: object) -> None:
 
     def work() -> int:
         x = 0
-        for i in range(1200):
+        for i in range(ADDITIONS):
             x += i
         return x
 
@@ -320,7 +344,8 @@ def pairs_of(kind: str, pairs: int) -> None:
     modes = ("bare", "probe", "floor")
     for i in range(pairs):
         order = modes[i % 3 :] + modes[: i % 3]
-        results = {mode: run(mode, kind) for mode in order}
+        layout = random.randrange(2**32)
+        results = {mode: run(mode, kind, layout) for mode in order}
         cpu_b, wall_b, main_b, _ = results["bare"]
         cpu_p, wall_p, main_p, got = results["probe"]
         cpu_f, _, main_f, _ = results["floor"]
@@ -332,7 +357,10 @@ def pairs_of(kind: str, pairs: int) -> None:
         floor_main.append((main_f - main_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
     print(f"probe cost per step over {KINDS[kind]}")
-    print(f"{pairs} interleaved subprocess rounds (bare, probe, floor) x {STEPS} steps")
+    print(
+        f"{pairs} interleaved subprocess rounds (bare, probe, floor) x {STEPS} steps"
+        f" of {ADDITIONS} additions, each round in its own memory layout"
+    )
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
     print(f"  whole-process CPU, all threads, flushed: {spread(cpu_costs)}")
     print(f"  of which the training thread's CPU:      {spread(main_costs)}")
@@ -396,6 +424,8 @@ def slow_steps(repeats: int = 3, seconds: float = 10.0) -> None:
 def main() -> None:
     pairs = int(sys.argv[1]) if len(sys.argv) > 1 else PAIRS
     which = sys.argv[2] if len(sys.argv) > 2 else "both"
+    global ADDITIONS
+    ADDITIONS = int(sys.argv[3]) if len(sys.argv) > 3 else ADDITIONS
     for kind in KINDS if which == "both" else (which,):
         pairs_of(kind, pairs)
     components()

@@ -74,6 +74,7 @@ HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
 REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYSTEMS + 1
 SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
+MAX_COUNT = 2**63 - 1  # the wire's Count (probe/samples.py)
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
 # device_caught_up: the device reached the end-of-step event within this lag of the host
 # recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
@@ -417,7 +418,7 @@ class Probe:
             return
         opened = self._open
         if opened is not None:
-            self._open = (opened[0], opened[1], _as_count(samples), opened[3])
+            self._open = (opened[0], opened[1], as_count(samples), opened[3])
             return
         now = time.perf_counter()
         if self._last_mark is not None:
@@ -425,7 +426,7 @@ class Probe:
                 self._check_timing()
             # t1 < 0 says "no data-wait measurement" for explicitly marked steps
             self._steps.append(
-                (self._index, self._last_mark, -1.0, now, _as_count(samples), None, None)
+                (self._index, self._last_mark, -1.0, now, as_count(samples), None, None)
             )
             self._index += 1
         self._last_mark = now
@@ -441,7 +442,7 @@ class Probe:
     def _set_ranks(self, rank: int | None, local_rank: int | None, world: int | None) -> None:
         """Ranks a framework knows (its Trainer): used in the hello where the launcher's
         environment and the process group do not say. A store + flag."""
-        ranks = (_as_count(rank), _as_count(local_rank), _as_count(world))
+        ranks = (as_count(rank), as_count(local_rank), as_count(world))
         if ranks != self._framework_ranks:
             self._framework_ranks = ranks
             self._hello_dirty.set()
@@ -857,8 +858,10 @@ def _non_negative(value: float | None) -> float | None:
     return None if value is None else max(0.0, value)
 
 
-def _as_count(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+def as_count(value: Any) -> int | None:
+    """A count as the wire carries it (``Count``: 0 to 2**63 - 1), else None: a larger one
+    would make every message holding it fail to encode, or be refused whole by viewers."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return None
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gputop_dl.probe import loader
+from gputop_dl.probe.core import as_count
 
 if TYPE_CHECKING:
     from gputop_dl.probe.core import Probe
@@ -172,7 +173,7 @@ class Watched(Generic[T]):
         ``samples=``, or torch's own batching."""
         samples = self._samples
         if isinstance(samples, int) and not isinstance(samples, bool):
-            return (samples, sys.maxsize, samples) if samples >= 0 else None
+            return None if as_count(samples) is None else (samples, sys.maxsize, samples)
         if samples is not None:  # the user's function decides, batch by batch
             return None
         return loader.batch_plan(self._iterable)
@@ -196,17 +197,11 @@ _OWN = frozenset({"_probe", "_iterable", "_samples", "_data_path", "_count", "_i
 def _counter(samples: Samples) -> Callable[[Any], int | None]:
     if callable(samples):
         fn = samples
-        return lambda batch: _as_count(fn(batch))
+        return lambda batch: as_count(fn(batch))
     if isinstance(samples, int) and not isinstance(samples, bool):
-        fixed: int | None = samples if samples >= 0 else None
+        fixed = as_count(samples)
         return lambda _batch: fixed
     return loader.sample_counter()
-
-
-def _as_count(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
 
 
 def _late_pids(probe: Probe, info: LoaderInfo | None, iterator: Any) -> None:

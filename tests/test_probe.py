@@ -123,6 +123,28 @@ def test_step_samples_inside_a_watched_loop_overrides_the_count() -> None:
     assert [r["samples"] for r in reader.steps()] == [8, 3] * 5
 
 
+@pytest.mark.parametrize(
+    "samples",
+    [
+        10**30,  # past msgpack's 64 bits: every steps message holding it failed to encode
+        2**63,  # encodable, but past the wire's Count: viewers refused whole messages
+        lambda _batch: 2**64,
+    ],
+)
+def test_a_count_the_wire_cannot_carry_is_a_step_without_a_count(samples: Any) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    p = probe.Probe(name="huge", listen=endpoint, system_interval_s=0)
+    reader = WireReader(endpoint)
+    reader.pump(2.0, until="hello")
+    for i, _ in enumerate(p.watch(range(10), samples=samples)):
+        if i == 9:
+            p.step(samples=2**63)  # the same through probe.step
+    p.close()
+    reader.pump(0.8)
+    assert [r["index"] for r in reader.steps()] == list(range(10))  # none lost
+    assert {r["samples"] for r in reader.steps()} == {None}
+
+
 def test_import_probe_needs_neither_torch_nor_textual(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """

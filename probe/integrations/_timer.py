@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from gputop_dl.probe import loader
+from gputop_dl.probe.core import as_count
 
 
 class PhaseClock:
@@ -82,7 +83,7 @@ class HookTimer:
             return
         now = time.perf_counter()
         try:
-            n = loader.infer_samples(batch)
+            n = as_count(loader.infer_samples(batch))
         except Exception:
             n = None
         p._open_step(self._t_prev, now, n)
