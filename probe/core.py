@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
 from operator import call
 from typing import Any, TypeVar
@@ -35,6 +35,7 @@ from gputop_dl.probe import stack as stacks
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, encode, encode_steps
+from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
 from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
@@ -74,7 +75,8 @@ HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
 REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYSTEMS + 1
 SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
-MAX_COUNT = 2**63 - 1  # the wire's Count (probe/samples.py)
+MAX_PHASES = 64  # named phases per step on the wire (docs/protocol.md, "Limits")
+OTHER_PHASES = "(other phases)"  # the sum of a step's phases past the 63 longest
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
 # device_caught_up: the device reached the end-of-step event within this lag of the host
 # recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
@@ -371,6 +373,7 @@ class Probe:
         A step left open (``break``, an exception) is dropped, not guessed."""
         now = time.time()
         self._open = None
+        how = how[:MAX_STR]  # "exception:<Type>": a type's name is the user's
         self._loop, self._loop_since, self._loop_exit = "outside", now, how
         self._loop_events.append(("outside", now, self._index, how))
         self._hello_dirty.set()
@@ -432,7 +435,7 @@ class Probe:
         self._last_mark = now
 
     def phase(self, name: str) -> Phase:
-        return Phase(self, name)
+        return Phase(self, name if type(name) is str else str(name))
 
     def _log_phase(self, name: str, seconds: float) -> None:
         """A phase of the open step timed elsewhere (framework hooks), logged as
@@ -466,34 +469,36 @@ class Probe:
         torch = sys.modules.get("torch")
         ident = jobenv.current(self.host)  # re-read: Lightning sets its world after we start
         fw_rank, fw_local, fw_world = self._framework_ranks
-        return Hello(
-            source_id=self.source_id,
-            role=self.role,
-            name=self.name,
-            host=self.host,
-            pid=self.pid,
-            started=self.started,
-            probe_version=__version__,
-            rank=ident.rank if ident.rank is not None else fw_rank,
-            local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
-            world_size=ident.world_size if ident.world_size is not None else fw_world,
-            torch_version=_torch_version(torch),
-            devices=_device_names(torch) if self._timing == "cuda-events" else (),
-            timing=self._timing,
-            timing_note=self._timing_note,
-            loader=self._loader_info,
-            host_sampler=self._sample_host,
-            step_count=progress[0],
-            last_step_end=progress[1],
-            typical_period_s=progress[2],
-            loop=self._loop,
-            loop_since=self._loop_since,
-            loop_exit=self._loop_exit,
-            framework=self._framework,
-            cpu_affinity=self._affinity,
-            cpu_quota_cores=self._quota,
-            device=self._device,
-            job=ident.job,
+        return _fit_strings(
+            Hello(
+                source_id=self.source_id,
+                role=self.role,
+                name=self.name,
+                host=self.host,
+                pid=self.pid,
+                started=self.started,
+                probe_version=__version__,
+                rank=ident.rank if ident.rank is not None else fw_rank,
+                local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
+                world_size=ident.world_size if ident.world_size is not None else fw_world,
+                torch_version=_torch_version(torch),
+                devices=_device_names(torch) if self._timing == "cuda-events" else (),
+                timing=self._timing,
+                timing_note=self._timing_note,
+                loader=self._loader_info,
+                host_sampler=self._sample_host,
+                step_count=progress[0],
+                last_step_end=progress[1],
+                typical_period_s=progress[2],
+                loop=self._loop,
+                loop_since=self._loop_since,
+                loop_exit=self._loop_exit,
+                framework=self._framework,
+                cpu_affinity=self._affinity,
+                cpu_quota_cores=self._quota,
+                device=self._device,
+                job=ident.job,
+            )
         )
 
     def _gather_facts(self) -> None:
@@ -760,8 +765,37 @@ def _us(seconds: float) -> int:
     return math.trunc(seconds * _US + 0.5) if seconds > 0 else 0
 
 
+def _fit_strings(value: T) -> T:
+    """``value`` with every string in it clipped to the wire's MAX_STR (in dataclasses,
+    tuples of strings): a run name, a path or an error text the user's side made longer
+    would make viewers refuse the whole message."""
+    if isinstance(value, str):
+        return value[:MAX_STR]  # type: ignore[return-value]
+    if isinstance(value, tuple) and value and isinstance(value[0], str):
+        return tuple(v[:MAX_STR] if isinstance(v, str) else v for v in value)  # type: ignore[return-value]
+    if is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for f in fields(value):
+            old = getattr(value, f.name)
+            new = _fit_strings(old)
+            if new is not old and new != old:
+                changed[f.name] = new
+        return replace(value, **changed) if changed else value
+    return value
+
+
 def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ...]:
-    return tuple([(name, _us(s)) for name, s in per_step.items()]) if per_step else ()
+    """A step's phases as the wire carries them: names clipped to MAX_STR, at most
+    MAX_PHASES (the longest, the rest summed as one): past either limit viewers would
+    refuse the whole message, and every step in it would be lost."""
+    if not per_step:
+        return ()
+    items = list(per_step.items())
+    if len(items) > MAX_PHASES:
+        items.sort(key=lambda item: item[1], reverse=True)
+        rest = sum(seconds for _, seconds in items[MAX_PHASES - 1 :])
+        items[MAX_PHASES - 1 :] = [(OTHER_PHASES, rest)]
+    return tuple([(name[:MAX_STR], _us(s)) for name, s in items])
 
 
 def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon: float) -> int:

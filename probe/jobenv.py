@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gputop_dl.probe.samples import MAX_COUNT
+
 # Tried in order: the first variable that holds an integer wins.
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
@@ -37,7 +39,7 @@ def _int(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
             value = int(environ[name])
         except (KeyError, ValueError):
             continue
-        if value >= 0:
+        if 0 <= value <= MAX_COUNT:  # past it no hello would decode
             return value
     return None
 

@@ -24,7 +24,8 @@ Str = Annotated[str, Meta(max_length=MAX_STR)]
 Time = Annotated[float, Meta(ge=0.0, le=1e10)]  # Unix seconds, up to the year 2286
 Seconds = Annotated[float, Meta(ge=0.0, le=1e7)]  # a duration, up to ~115 days
 Num = Annotated[float, Meta(ge=-1e18, le=1e18)]  # any other reading: finite
-Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+MAX_COUNT = 2**63 - 1
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 T = TypeVar("T")
 Seq = Annotated[tuple[T, ...], Meta(max_length=MAX_ITEMS)]
 

@@ -22,6 +22,9 @@ import zmq
 from gputop_dl import probe
 from gputop_dl.probe import discovery
 from gputop_dl.probe.loader import infer_samples, sample_counter
+from gputop_dl.probe.messages import Hello, Steps
+from gputop_dl.probe.protocol import decode
+from gputop_dl.probe.transport import Subscriber
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
@@ -143,6 +146,51 @@ def test_a_count_the_wire_cannot_carry_is_a_step_without_a_count(samples: Any) -
     reader.pump(0.8)
     assert [r["index"] for r in reader.steps()] == list(range(10))  # none lost
     assert {r["samples"] for r in reader.steps()} == {None}
+
+
+def test_what_a_user_hands_the_probe_past_the_wire_limits_is_clipped_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run name or phase name over 4,096 characters, over 64 phases in a step, a phase
+    named by a number, a launcher's rank past 64 bits: each used to make every hello or
+    steps message fail the viewer's decoder (the run unnamed, its steps lost). Read here
+    with the viewer's own decoder, which enforces the limits."""
+    monkeypatch.setenv("RANK", str(10**20))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    p = probe.Probe(name="n" * 5000, listen=endpoint, system_interval_s=0)
+    sub = Subscriber()
+    sub.connect(endpoint)
+    frames: list[list[bytes]] = []
+    try:
+        deadline = time.monotonic() + 2.0
+        while not frames and time.monotonic() < deadline:
+            frames += sub.receive(0.1)
+        for _ in p.watch(range(5)):
+            with p.phase("p" * 5000):
+                pass
+            for k in range(100):
+                with p.phase(f"part{k}"):
+                    pass
+            with p.phase(7):  # type: ignore[arg-type]
+                pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            frames += sub.receive(0.1)
+    finally:
+        p.close()
+        sub.close()
+    messages = [decode(f) for f in frames]  # MalformedMessage here: something refused
+    hellos = [m for m in messages if isinstance(m, Hello)]
+    assert hellos and {h.name for h in hellos} == {"n" * 4096}
+    assert {h.rank for h in hellos} == {None}
+    records = [r for m in messages if isinstance(m, Steps) for r in m.records]
+    assert [r.index for r in records] == [0, 1, 2, 3, 4]
+    for r in records:
+        names = [name for name, _ in r.phases]
+        assert len(names) == 64
+        assert "(other phases)" in names
+        assert len(set(names)) == 64
+        assert sum(seconds for _, seconds in r.phases) <= r.period_s + 64e-6  # rounding
 
 
 def test_import_probe_needs_neither_torch_nor_textual(tmp_path: Path) -> None:
