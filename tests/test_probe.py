@@ -426,6 +426,24 @@ def test_bad_sample_counter_is_ignored_not_raised() -> None:
     p.close()
 
 
+class _ShapeRaises:
+    """A batch type with a bug: its ``shape`` raises something no counter expects."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        raise RuntimeError("broken batch type")
+
+
+def test_a_batch_that_cannot_be_counted_is_a_step_without_a_count() -> None:
+    p = tcp_probe("uncountable", system_interval_s=0)
+    reader = attached(p)
+    batches: list[Any] = [_ShapeRaises(), [_ShapeRaises()], np.zeros((4, 1)), _ShapeRaises()]
+    assert list(p.watch(batches)) == batches  # the training goes on
+    p.close()
+    reader.pump(0.8)
+    assert [r["samples"] for r in reader.steps()] == [None, None, 4, None]
+
+
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUTOP_DISABLE", "1")
     p = probe.Probe()
