@@ -38,6 +38,9 @@ from gputop_dl.probe.collectors.host import (
     parse_vmstat_swap,
 )
 from gputop_dl.probe.collectors.processes import descendants_from_children_files
+from gputop_dl.probe.messages import System
+from gputop_dl.probe.protocol import decode, encode
+from gputop_dl.probe.samples import MAX_STR, SystemSample
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -252,6 +255,26 @@ def test_loopback_traffic_seen_on_lo() -> None:
 
 
 # --------------------------------------------------------------------------- processes
+
+
+def test_a_process_title_longer_than_the_wire_allows_is_cut(tmp_path: Path) -> None:
+    """psutil names a process whose comm is cut at 15 characters by its argv[0], which
+    setproctitle-style code makes as long as it likes; a node sample holding it would be
+    refused whole by viewers (every node panel empty)."""
+    exe = tmp_path / ("s" * 20)  # comm: the first 15 characters of this name
+    exe.symlink_to("/bin/sleep")
+    child = subprocess.Popen(["s" * 5000, "30"], executable=str(exe))
+    try:
+        time.sleep(0.2)
+        sample = ProcessCollector(os.getpid(), worker_pids=lambda: {child.pid}).sample()
+    finally:
+        child.kill()
+        child.wait()
+    assert sample is not None
+    titled = next(p for p in sample.processes if p.pid == child.pid)
+    assert titled.name == "s" * MAX_STR
+    system = System("h:1", SystemSample(time.time(), "h", 1.0, processes=sample))
+    assert decode(encode(system)) == system  # the viewer's decoder takes it
 
 
 def test_process_collector_sees_spinning_worker() -> None:

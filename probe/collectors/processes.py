@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 
 import psutil
 
-from gputop_dl.probe.samples import ProcessSample, TrainingProcesses
+from gputop_dl.probe.samples import MAX_STR, ProcessSample, TrainingProcesses
 
 SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
 
@@ -130,7 +130,9 @@ class ProcessCollector:
             self._procs[pid] = proc
         with proc.oneshot():  # one read of /proc/<pid>/stat for times and name
             times = proc.cpu_times()
-            name = proc.name()
+            # psutil lengthens a 15-character comm from argv[0], which a process may set to
+            # anything (setproctitle): past the wire's limit the whole sample is refused.
+            name = proc.name()[:MAX_STR]
             try:
                 rss: int | None = proc.memory_info().rss
             except psutil.AccessDenied:
