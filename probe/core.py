@@ -373,7 +373,6 @@ class Probe:
         A step left open (``break``, an exception) is dropped, not guessed."""
         now = time.time()
         self._open = None
-        how = how[:MAX_STR]  # "exception:<Type>": a type's name is the user's
         self._loop, self._loop_since, self._loop_exit = "outside", now, how
         self._loop_events.append(("outside", now, self._index, how))
         self._hello_dirty.set()
@@ -435,7 +434,7 @@ class Probe:
         self._last_mark = now
 
     def phase(self, name: str) -> Phase:
-        return Phase(self, name if type(name) is str else str(name))
+        return Phase(self, name)
 
     def _log_phase(self, name: str, seconds: float) -> None:
         """A phase of the open step timed elsewhere (framework hooks), logged as
@@ -469,36 +468,34 @@ class Probe:
         torch = sys.modules.get("torch")
         ident = jobenv.current(self.host)  # re-read: Lightning sets its world after we start
         fw_rank, fw_local, fw_world = self._framework_ranks
-        return _fit_strings(
-            Hello(
-                source_id=self.source_id,
-                role=self.role,
-                name=self.name,
-                host=self.host,
-                pid=self.pid,
-                started=self.started,
-                probe_version=__version__,
-                rank=ident.rank if ident.rank is not None else fw_rank,
-                local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
-                world_size=ident.world_size if ident.world_size is not None else fw_world,
-                torch_version=_torch_version(torch),
-                devices=_device_names(torch) if self._timing == "cuda-events" else (),
-                timing=self._timing,
-                timing_note=self._timing_note,
-                loader=self._loader_info,
-                host_sampler=self._sample_host,
-                step_count=progress[0],
-                last_step_end=progress[1],
-                typical_period_s=progress[2],
-                loop=self._loop,
-                loop_since=self._loop_since,
-                loop_exit=self._loop_exit,
-                framework=self._framework,
-                cpu_affinity=self._affinity,
-                cpu_quota_cores=self._quota,
-                device=self._device,
-                job=ident.job,
-            )
+        return Hello(
+            source_id=self.source_id,
+            role=self.role,
+            name=self.name,
+            host=self.host,
+            pid=self.pid,
+            started=self.started,
+            probe_version=__version__,
+            rank=ident.rank if ident.rank is not None else fw_rank,
+            local_rank=ident.local_rank if ident.local_rank is not None else fw_local,
+            world_size=ident.world_size if ident.world_size is not None else fw_world,
+            torch_version=_torch_version(torch),
+            devices=_device_names(torch) if self._timing == "cuda-events" else (),
+            timing=self._timing,
+            timing_note=self._timing_note,
+            loader=self._loader_info,
+            host_sampler=self._sample_host,
+            step_count=progress[0],
+            last_step_end=progress[1],
+            typical_period_s=progress[2],
+            loop=self._loop,
+            loop_since=self._loop_since,
+            loop_exit=self._loop_exit,
+            framework=self._framework,
+            cpu_affinity=self._affinity,
+            cpu_quota_cores=self._quota,
+            device=self._device,
+            job=ident.job,
         )
 
     def _gather_facts(self) -> None:
@@ -556,7 +553,9 @@ class Probe:
 
         def send_message(message: Any) -> None:
             try:
-                frames = encode(message)
+                # A run name, a path, an exception type: strings from the user's side,
+                # cut here to what viewers accept, for every message built from our state.
+                frames = encode(_fit_strings(message))
             except Exception as exc:  # serialization error: report, keep going
                 self._warn("encode", "gputop probe: cannot encode a %s: %s", type(message), exc)
                 counters[1] += 1
@@ -767,25 +766,23 @@ def _us(seconds: float) -> int:
 
 def _fit_strings(value: T) -> T:
     """``value`` with every string in it clipped to the wire's MAX_STR (in dataclasses,
-    tuples of strings): a run name, a path or an error text the user's side made longer
-    would make viewers refuse the whole message."""
+    tuples of strings), ``value`` itself when nothing is cut: a run name, a path or an
+    error text the user's side made longer would make viewers refuse the whole message."""
     if isinstance(value, str):
         return value[:MAX_STR]  # type: ignore[return-value]
     if isinstance(value, tuple) and value and isinstance(value[0], str):
-        return tuple(v[:MAX_STR] if isinstance(v, str) else v for v in value)  # type: ignore[return-value]
+        if all(len(v) <= MAX_STR for v in value):
+            return value
+        return tuple(v[:MAX_STR] for v in value)  # type: ignore[return-value]
     if is_dataclass(value) and not isinstance(value, type):
-        changed = {}
-        for f in fields(value):
-            old = getattr(value, f.name)
-            new = _fit_strings(old)
-            if new is not old and new != old:
-                changed[f.name] = new
+        cut = {f.name: _fit_strings(getattr(value, f.name)) for f in fields(value)}
+        changed = {k: v for k, v in cut.items() if v is not getattr(value, k)}
         return replace(value, **changed) if changed else value
     return value
 
 
 def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ...]:
-    """A step's phases as the wire carries them: names clipped to MAX_STR, at most
+    """A step's phases as the wire carries them: names as strings clipped to MAX_STR, at most
     MAX_PHASES (the longest, the rest summed as one): past either limit viewers would
     refuse the whole message, and every step in it would be lost."""
     if not per_step:
@@ -795,7 +792,7 @@ def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ..
         items.sort(key=lambda item: item[1], reverse=True)
         rest = sum(seconds for _, seconds in items[MAX_PHASES - 1 :])
         items[MAX_PHASES - 1 :] = [(OTHER_PHASES, rest)]
-    return tuple([(name[:MAX_STR], _us(s)) for name, s in items])
+    return tuple([(str(name)[:MAX_STR], _us(s)) for name, s in items])
 
 
 def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon: float) -> int:
@@ -894,7 +891,9 @@ def _non_negative(value: float | None) -> float | None:
 
 def as_count(value: Any) -> int | None:
     """A count as the wire carries it (``Count``: 0 to 2**63 - 1), else None: a larger one
-    would make every message holding it fail to encode, or be refused whole by viewers."""
+    would make every message holding it fail to encode, or be refused whole by viewers.
+    For what the user states (``samples=``, ``probe.step``, ranks); counts read off an
+    array's leading dimension (probe/loader.py) are int64 by construction."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return None

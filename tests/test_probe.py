@@ -22,7 +22,7 @@ import zmq
 from gputop_dl import probe
 from gputop_dl.probe import discovery
 from gputop_dl.probe.loader import infer_samples, sample_counter
-from gputop_dl.probe.messages import Hello, Steps
+from gputop_dl.probe.messages import Hello, Loop, Steps
 from gputop_dl.probe.protocol import decode
 from gputop_dl.probe.transport import Subscriber
 from tests.wire_reader import WireReader
@@ -135,10 +135,8 @@ def test_step_samples_inside_a_watched_loop_overrides_the_count() -> None:
     ],
 )
 def test_a_count_the_wire_cannot_carry_is_a_step_without_a_count(samples: Any) -> None:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    p = probe.Probe(name="huge", listen=endpoint, system_interval_s=0)
-    reader = WireReader(endpoint)
-    reader.pump(2.0, until="hello")
+    p = tcp_probe("huge", system_interval_s=0)
+    reader = attached(p)
     for i, _ in enumerate(p.watch(range(10), samples=samples)):
         if i == 9:
             p.step(samples=2**63)  # the same through probe.step
@@ -152,14 +150,20 @@ def test_what_a_user_hands_the_probe_past_the_wire_limits_is_clipped_not_lost(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A run name or phase name over 4,096 characters, over 64 phases in a step, a phase
-    named by a number, a launcher's rank past 64 bits: each used to make every hello or
-    steps message fail the viewer's decoder (the run unnamed, its steps lost). Read here
-    with the viewer's own decoder, which enforces the limits."""
+    named by a number, a launcher's rank past 64 bits, a loader's exception type with a
+    long name: each used to make every hello, steps or loop message fail the viewer's
+    decoder (the run unnamed, its steps lost). Read here with the viewer's own decoder,
+    which enforces the limits."""
     monkeypatch.setenv("RANK", str(10**20))
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
-    p = probe.Probe(name="n" * 5000, listen=endpoint, system_interval_s=0)
+    p = tcp_probe("n" * 5000, system_interval_s=0)
     sub = Subscriber()
-    sub.connect(endpoint)
+    sub.connect(p.endpoint or "")
+    long_error = type("E" * 5000, (Exception,), {})
+
+    def failing() -> Any:
+        yield 1
+        raise long_error
+
     frames: list[list[bytes]] = []
     try:
         deadline = time.monotonic() + 2.0
@@ -173,6 +177,9 @@ def test_what_a_user_hands_the_probe_past_the_wire_limits_is_clipped_not_lost(
                     pass
             with p.phase(7):  # type: ignore[arg-type]
                 pass
+        with pytest.raises(long_error):
+            for _ in p.watch(failing()):
+                pass
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             frames += sub.receive(0.1)
@@ -183,9 +190,12 @@ def test_what_a_user_hands_the_probe_past_the_wire_limits_is_clipped_not_lost(
     hellos = [m for m in messages if isinstance(m, Hello)]
     assert hellos and {h.name for h in hellos} == {"n" * 4096}
     assert {h.rank for h in hellos} == {None}
+    assert hellos[-1].loop_exit == ("exception:" + "E" * 5000)[:4096]
+    exits = [m.how for m in messages if isinstance(m, Loop) and m.state == "outside"]
+    assert exits[-1] == hellos[-1].loop_exit
     records = [r for m in messages if isinstance(m, Steps) for r in m.records]
-    assert [r.index for r in records] == [0, 1, 2, 3, 4]
-    for r in records:
+    assert [r.index for r in records] == [0, 1, 2, 3, 4, 5]
+    for r in records[:5]:
         names = [name for name, _ in r.phases]
         assert len(names) == 64
         assert "(other phases)" in names

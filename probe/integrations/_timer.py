@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from gputop_dl.probe import loader
-from gputop_dl.probe.core import as_count
 
 
 class PhaseClock:
@@ -83,7 +82,7 @@ class HookTimer:
             return
         now = time.perf_counter()
         try:
-            n = as_count(loader.infer_samples(batch))
+            n = loader.infer_samples(batch)
         except Exception:
             n = None
         p._open_step(self._t_prev, now, n)
