@@ -1,5 +1,5 @@
 """Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
-same bare loop, in separate interleaved subprocesses.
+same bare loop, in separate interleaved subprocesses, then in one process.
 
 Each child runs STEPS steps of Python work (ADDITIONS integer additions, 1,200 by default:
 18-74 us on this VM, whose speed varies from day to day; 4,800 make the ~100 us step the
@@ -20,27 +20,45 @@ The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, 
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
 
-Over the list the probe's cost is mostly not its own instructions (about 0.5 us a step,
-profiled below): the step's additions run slower in a watched process, in proportion to
-the step (on 2026-11-25: +19 % at 28 us steps, +11 % at 116 us), and slower even behind
-the floor's bare generator (+3.6 % at 116 us). Memory layout does not explain it (each
-round randomizes it, below), nor do the probe's per-step records: a variant that wrote
-every step into preallocated columns and kept no object per step measured the same
-(6.5 against 6.3-7.5 us, alternately). A DataLoader's step, which runs as real steps do,
-shows the probe at about the floor's cost. Hardware counters would say more; this VM has
-none.
+Every child runs the same lines of script; only the loop it times differs. Each round's
+three children share one memory layout and one hash seed, drawn at random for the round:
+objects of random sizes kept, the loop run at a random call depth, ``PYTHONHASHSEED``. Two
+things this replaced had made the probe look 2-4x dearer than it is (2026-11-26, 1,200
+additions, 12 rounds each):
 
-Each round runs its three children in one memory layout, drawn at random for the round:
-objects of random sizes kept, and the loop run at a random call depth. With one fixed
-layout per kind of child, the same additions ran up to 10 % faster or slower from one
-kind to another for no reason but where their objects landed.
+* children that ran different code around the same loop: a probe whose publisher thread
+  did nothing at all, in the probe child's code path, cost 3.4-4.8 us a step; the same
+  real probe with its publisher running, created in the bare child's path, -1.0 us;
+* a hash seed per child: dicts and sets laid out differently moved two identical bare
+  children apart by an IQR of -6.1..8.8 us a step; with the round's seed, -2.0..0.3.
 
 Each round also runs a "floor" child: the same loop through a generator that only reads
 the clock before and after ``next()``, the least any timing of the loop does; the probe's
 own cost is what it adds above that.
 
-On a busy machine the step-to-step noise of ~100 us of Python work is larger than the
-probe's cost, so the last section also profiles the probe's own parts in this process
+Process-to-process differences stay large on this VM (an IQR of several us a step), so
+``in_one_process`` then runs the three loops in ONE probe process: 1,000-step blocks in a
+shuffled order, each loop one pass taken a block at a time, each block's whole-process
+CPU read after the publisher (woken at the block's end) has drained, encoded and sent it.
+The publisher is woken every 1,000 steps there, where a fast run wakes it every 0.5 s
+(15,000 steps at 30,000 steps/s): its per-wake-up cost counts several times over.
+
+What is left above the probe's own work (about 0.5 us a step on the training thread in a
+tight loop, 0.3 us on the publisher's) is not located. In a harness of the same blocks
+(150 rounds, a standard error near 0.4 us), generators that differ only in what they keep
+alive across the step cost, against bare: the floor +0.5-0.7 us, one float held (a start
+time, as any timing keeps) +1.7, three floats +2.7-3.4, the same three as
+``perf_counter_ns`` integers (another size class of CPython's small-object allocator than
+the step's small ints) +1.2. The step's own arithmetic runs slower beside the objects a
+timer keeps alive; hardware counters would say why, and this VM has none.
+
+The publisher's drain and encode cost 0.29 us a step in the tight loop below and 0.5-0.7
+in a run, where each record was made on the other core up to 0.5 s before it is drained.
+A ring of preallocated columns in place of a tuple per step drained at 0.41 against
+0.52-0.56 in the harness: most of the cost is the rows built for the encoder, so it was
+not taken up.
+
+The last section also profiles the probe's own parts in this process
 (CPU time of the calling thread, repeated): the training-thread path between real ~100 us
 steps (blocks of watched and bare steps in turn: caches as a real step leaves them) and
 in a tight loop (what ``watch`` adds around ``next()``: two clock reads, the sample
@@ -108,8 +126,11 @@ if sys.argv[3] == "dataloader":
     class Items(Dataset):
         item = (np.zeros(3), 0)
 
+        def __init__(self, steps):
+            self.steps = steps
+
         def __len__(self):
-            return STEPS * 32
+            return self.steps * 32
 
         def __getitem__(self, i):
             return self.item
@@ -117,9 +138,13 @@ if sys.argv[3] == "dataloader":
         def __getitems__(self, indices):
             return [self.item] * len(indices)
 
-    batches = DataLoader(Items(), batch_size=32)
+    def make_batches(steps):
+        return DataLoader(Items(steps), batch_size=32)
 else:
-    batches = [(np.zeros((32, 3)), np.zeros(32))] * STEPS
+    def make_batches(steps):
+        return [(np.zeros((32, 3)), np.zeros(32))] * steps
+
+batches = make_batches(STEPS)
 
 def work():  # ~100 us of Python
     x = 0
@@ -146,34 +171,80 @@ DEPTH = rng.randrange(24)
 def at_depth(depth, loop):
     return at_depth(depth - 1, loop) if depth else timed(loop)
 
+def two_clock_reads(batches):  # the floor: what any timing of next() must do
+    perf = time.perf_counter
+    for batch in batches:
+        perf()
+        yield batch
+        perf()
+
+# One process, one probe, one heap: blocks of STEPS steps of three loops in a shuffled
+# order, each block's whole-process CPU read after the publisher has drained, encoded
+# and sent it (woken at the block's end, then settle_s of idling that every kind of block
+# has). Each loop is one pass over ROUNDS blocks, taken a block at a time (islice for all
+# three), so a watched block holds no loop entry or exit. Prints the per-round
+# differences from the bare block, then the bare steps.
+def blocks(rounds, settle_s):
+    import itertools
+    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
+    print(p.endpoint, flush=True)
+    sys.stdin.readline()
+    time.sleep(0.5)
+    def one_pass(loop):
+        return iter(loop(make_batches(STEPS * rounds)))
+    passes = {
+        "bare": one_pass(lambda b: b),
+        "probe": one_pass(p.watch),
+        "floor": one_pass(two_clock_reads),
+    }
+    spent = {name: [] for name in passes}
+    main = {name: [] for name in passes}
+    order = list(passes)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            block = itertools.islice(passes[name], STEPS)
+            c0, m0 = time.process_time(), time.thread_time()
+            for _ in block:
+                work()
+            m1 = time.thread_time()
+            p._publisher.wake()
+            time.sleep(settle_s)
+            spent[name].append(time.process_time() - c0)
+            main[name].append(m1 - m0)
+            assert len(p._steps) <= 1, "the publisher had not drained the block"
+    p.close()
+    for name in ("probe", "floor"):
+        print(*((a - b) / STEPS * 1e6 for a, b in zip(spent[name], spent["bare"])))
+    print(*((a - b) / STEPS * 1e6 for a, b in zip(main["probe"], main["bare"])))
+    print(*(b / STEPS * 1e6 for b in spent["bare"]), flush=True)
+
+if sys.argv[1] == "blocks":
+    blocks(int(sys.argv[6]), float(sys.argv[7]))
+    sys.exit(0)
+
+# Every kind of child runs the same lines from here on, whatever it times: only the
+# loop differs. (Children that ran different code around the same loop measured up to
+# 4 us a step apart, the probe doing nothing at all.)
 mode = sys.argv[1]
 PUBLISHER = None
+p = None
 if mode == "probe":
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
     PUBLISHER = p._thread.native_id
-    print(p.endpoint, flush=True)
-    sys.stdin.readline()  # the parent's subscriber is attached
-    time.sleep(0.5)
-    before = threads()
-    c0, w0, m0, w1, m1 = at_depth(DEPTH, p.watch(batches))
-    # the publisher and zmq threads end in close(): read them just before
-    parts = {k: (v - before.get(k, 0)) / 1e9 for k, v in threads().items()}
-    p.close()
-    c1 = time.process_time()
+    loop = p.watch(batches)
 else:
-    def two_clock_reads(batches):  # the floor: what any timing of next() must do
-        perf = time.perf_counter
-        for batch in batches:
-            perf()
-            yield batch
-            perf()
     loop = two_clock_reads(batches) if mode == "floor" else batches
-    print("-", flush=True)
-    sys.stdin.readline()
-    time.sleep(0.5)
-    c0, w0, m0, w1, m1 = at_depth(DEPTH, loop)
-    c1 = time.process_time()
-    parts = {}
+print(p.endpoint if p is not None else "-", flush=True)
+sys.stdin.readline()  # the parent's subscriber is attached
+time.sleep(0.5)
+before = threads()
+c0, w0, m0, w1, m1 = at_depth(DEPTH, loop)
+# the publisher and zmq threads end in close(): read them just before
+parts = {k: (v - before.get(k, 0)) / 1e9 for k, v in threads().items()}
+if p is not None:
+    p.close()
+c1 = time.process_time()
 print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
       sum(v for k, v in parts.items() if k.startswith("ZMQ")), flush=True)
 """
@@ -182,6 +253,9 @@ print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
 def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(STEPS), kind, str(ADDITIONS), str(layout)],
+        # The round's hash seed, too: with each child's own, dicts and sets laid out
+        # differently moved the same bare loop by +-8 us a step (at 28 us steps).
+        env={**os.environ, "PYTHONHASHSEED": str(layout)},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -372,6 +446,47 @@ def pairs_of(kind: str, pairs: int) -> None:
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
 
+def in_one_process(
+    kind: str, rounds: int = 150, steps: int = 1_000, settle_s: float = 0.02
+) -> None:
+    """The same three loops in one probe process (see ``blocks`` in CHILD): no
+    process-to-process difference of layout or host speed between the arms, the
+    publisher's work for each block counted in it. Each watched block is a pass of its
+    own (a loop entered and left, the loader described again): more passes than a real
+    training makes, counted all the same."""
+    layout = random.randrange(2**32)
+    argv = (CHILD, "blocks", steps, kind, ADDITIONS, layout, rounds, settle_s)
+    child = subprocess.Popen(
+        [sys.executable, "-c", *map(str, argv)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": str(layout)},
+    )
+    assert child.stdin is not None and child.stdout is not None
+    sub = Subscriber()
+    sub.connect(child.stdout.readline().strip())
+    time.sleep(0.3)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    received = 0
+    while child.poll() is None:
+        received += len(sub.receive(0.05, max_messages=100_000))
+    sub.close()
+    assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
+    probe_us, floor_us, main_us, bare_us = (
+        [float(x) for x in line.split()] for line in child.stdout.read().splitlines()[-4:]
+    )
+    print(f"the same in one process, over {KINDS[kind]}")
+    print(
+        f"{rounds} rounds of {steps}-step blocks (bare, probe, floor, shuffled) of"
+        f" {ADDITIONS} additions; bare step {statistics.median(bare_us):.1f} us"
+    )
+    print(f"  whole-process CPU, all threads, flushed: {spread(probe_us)}")
+    print(f"  of which the training thread's CPU:      {spread(main_us)}")
+    print(f"  floor, two clock reads around next():  {spread(floor_us)}")
+
+
 SLOW_CHILD = r"""
 import os, sys, threading, time
 from gputop_dl import probe
@@ -428,6 +543,7 @@ def main() -> None:
     ADDITIONS = int(sys.argv[3]) if len(sys.argv) > 3 else ADDITIONS
     for kind in KINDS if which == "both" else (which,):
         pairs_of(kind, pairs)
+        in_one_process(kind)
     components()
     slow_steps()
 
