@@ -873,3 +873,74 @@ def test_a_full_buffer_drops_the_oldest_steps_and_counts_them() -> None:
     reader.close()
     assert {r["index"] for r in reader.steps()} == set(range(50, 150))
     assert reader.of_kind("steps")[-1]["dropped_steps"] == 50
+
+
+# ---------------------------------------------------------------- rows made by watch
+def test_watched_rows_across_rebases_and_marked_steps_keep_their_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """watch hands the publisher wire rows counting from a base it moves every hour (here
+    every 3 ms); steps marked with probe.step() in between are other records. All reach
+    a reader in order, each at the time it was taken."""
+    watch_module = sys.modules["gputop_dl.probe.watch"]  # probe.watch is the function
+    monkeypatch.setattr(watch_module, "ROW_REBASE_US", 3_000)
+    p = tcp_probe("rows", system_interval_s=0)
+    reader = attached(p)
+    wall0 = time.time()
+    taken: list[tuple[float, float]] = []  # (the step's start, its end), Unix time
+
+    def watched(n: int) -> None:
+        for _ in p.watch(range(n)):
+            start = time.time()
+            time.sleep(0.001)
+            taken.append((start, time.time()))
+
+    watched(40)
+    p.step()  # opens the marked steps' clock
+    for _ in range(5):
+        time.sleep(0.001)
+        p.step(samples=8)
+    watched(40)
+    reader.pump(1.5)
+    p.close()
+    reader.close()
+    assert p._row_base != p._row_base_first  # the rows' base moved on
+    records = reader.steps()
+    assert [r["index"] for r in records] == list(range(85))
+    ends = [r["end_time"] for r in records]
+    assert ends == sorted(ends) and wall0 <= ends[0] and ends[-1] <= time.time()
+    assert [r["samples"] for r in records[40:45]] == [8] * 5
+    rows = records[:40] + records[45:]
+    for (start, end), r in zip(taken, rows, strict=True):
+        # The record spans the body (and the loop's own work around next()).
+        assert r["end_time"] >= end - 0.002 and r["end_time"] - r["period_s"] <= start + 0.002
+        assert 0.001 <= r["period_s"] < 0.05 and 0 <= r["wait_s"] < r["period_s"]
+
+
+def test_a_drain_of_rows_raw_steps_and_a_rebase_gives_each_its_time() -> None:
+    from gputop_dl.probe.core import _DrainState
+
+    p = probe.Probe(name="drain", listen=f"tcp://127.0.0.1:{free_port()}", system_interval_s=0)
+    p.close()  # the publisher thread is gone: this test drains by hand
+    p._row_base_first = 100.0
+    p._steps.extend(
+        [
+            (0, 1_000_000, 10_000, 2_000, 32),  # a row: ends at 101.0 s, 10 ms, 2 ms wait
+            (1, 101.0, 101.001, 101.02, 16, None, None),  # a marked step
+        ]
+    )
+    p._row_bases.append((2, 200.0))
+    p._steps.append((2, 5_000, 3_000, 1_000, 32))  # counts from 200.0: ends at 200.005 s
+    state = _DrainState()
+    base, rows = p._drain(state, 0.0, force=False)
+    ends = [base + row[1] / 1e6 for row in rows]
+    assert [row[0] for row in rows] == [0, 1, 2]
+    assert ends == pytest.approx([101.0, 101.02, 200.005], abs=1e-9)
+    durations_and_counts = [(10_000, 2_000, 32), (20_000, 1_000, 16), (3_000, 1_000, 32)]
+    assert [row[2:] for row in rows] == durations_and_counts
+    assert state.row_base == 200.0 and not p._row_bases
+    # Rows alone, from the current base: sent as they are.
+    alone = [(3, 6_000, 1_000, 0, 32), (4, 7_000, 1_000, 0, 32)]
+    p._steps.extend(alone)
+    base, rows = p._drain(state, 0.0, force=False)
+    assert base == 200.0 and rows == alone
