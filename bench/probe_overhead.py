@@ -314,6 +314,7 @@ def components() -> None:
     p = Probe(name="parts")
     p.enabled = True  # watch() times the loop; nothing is published
     n = 20_000
+    t = time.perf_counter()
     batch = (np.zeros((32, 3)), np.zeros(32))
     batches = [batch] * n
 
@@ -339,7 +340,7 @@ def components() -> None:
 
     def publisher() -> None:
         p._steps.clear()
-        p._steps.extend((i, 1_000 * i, 1_000, 0, 32) for i in range(n))  # as watch makes them
+        p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
         c0 = time.thread_time()
         base, records = p._drain(_DrainState(), 0.0, force=False)
         for i in range(0, n, 2000):

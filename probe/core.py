@@ -65,7 +65,6 @@ HISTORY_S = 120.0
 HISTORY_MAX_STEPS = 20_000
 HISTORY_SYSTEMS = 60
 BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 us)
-ROW_REBASE_US = round(BASE_EPOCH_S * MICROS)  # the same for the rows watch makes
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
@@ -106,13 +105,8 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-# (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends,
-# except in watch's host-timed loop, which appends the wire row itself (a _Row).
+# (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
 _Raw = tuple[int, float, float, float, Any, Any, Any]
-# (index, end_us, period_us, wait_us, samples), the end after the probe's row base (see
-# Probe._rebase): a host-timed step in its wire form, made by the training thread.
-_Row = tuple[int, int, int, int, Any]
-ROW_LEN, RAW_LEN = 5, 7
 # A step record in its wire form (StepRecord field order, docs/protocol.md): durations
 # in integer microseconds, the end in microseconds after its batch's base time.
 # A shorter row takes the defaults of the missing trailing fields (docs/protocol.md):
@@ -221,13 +215,8 @@ class Probe:
         self._sample_host = (self._local_rank in (None, 0)) if sample_host is None else sample_host
 
         # Training-thread state. Only the training thread writes these.
-        self._steps: deque[_Raw | _Row] = deque(maxlen=MAX_BUFFERED_STEPS)
+        self._steps: deque[_Raw] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._index = 0
-        # The perf_counter time that watch's wire rows count their ends from, and each
-        # change of it with the first step index it applies to (one an hour).
-        self._row_base = time.perf_counter()
-        self._row_base_first = self._row_base
-        self._row_bases: deque[tuple[int, float]] = deque()
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
         self._phase_log: deque[tuple[int, str, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._last_mark: float | None = None
@@ -421,13 +410,6 @@ class Probe:
             )
         )
         self._index += 1
-
-    def _rebase(self, index: int, t: float) -> float:
-        """Training thread: wire rows from step ``index`` on count from ``t`` (before the
-        first of them is appended, so a drain that takes the row finds the change)."""
-        self._row_bases.append((index, t))
-        self._row_base = t
-        return t
 
     def step(self, samples: int | None = None) -> None:
         """Mark the end of a step for loops that do not use :meth:`watch`.
@@ -679,7 +661,7 @@ class Probe:
         """Turn what the training thread queued into wire records (publisher thread):
         (base Unix time, rows whose ends are microseconds after it)."""
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
-        raws: list[Any] = list(map(call, repeat(self._steps.popleft, len(self._steps))))
+        raws = list(map(call, repeat(self._steps.popleft, len(self._steps))))
         log = self._phase_log
         phases = st.phases
         for _ in range(len(log)):  # after the steps: a step's phases are logged before it
@@ -691,26 +673,6 @@ class Probe:
             st.dropped_steps += max(0, raws[0][0] - st.next_index)
             st.next_index = raws[-1][0] + 1
         timer = self._timer
-        if st.row_base is None:
-            st.row_base = self._row_base_first
-        changes = self._row_bases
-        if raws:
-            # Rows watch made on the training thread go out as they are when every drained
-            # step is one (lengths summed: one C loop; 5s and 7s sum to 5n or 7n only when
-            # all are alike) and they count from one base; else all become _Raws (rare).
-            lengths = sum(map(len, raws))
-            rebased = bool(changes) and changes[0][0] <= raws[-1][0]
-            alike = lengths == ROW_LEN * len(raws) and not rebased
-            if alike and timer is None and not st.pending:
-                if not phases:
-                    return st.row_base + wall_offset, raws
-                rows: list[_Wire] = [
-                    (*row, None, None, _phase_items(phases.pop(row[0], None))) for row in raws
-                ]
-                _forget_before(phases, st.next_index)
-                return st.row_base + wall_offset, rows
-            if lengths != RAW_LEN * len(raws) or rebased:
-                raws = _as_raws(raws, st, changes)
         if timer is None and not st.pending:
             if not raws:
                 return 0.0, []
@@ -719,7 +681,7 @@ class Probe:
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
             b = st.base_for(raws[0][3])
             trunc = math.trunc
-            rows = [
+            rows: list[_Wire] = [
                 (
                     i,
                     trunc((tn - b) * _US + 0.5),
@@ -787,7 +749,6 @@ class _DrainState:
     t_end: float | None = None
     period: float | None = None
     base: float | None = None  # perf_counter time the wire rows' ends count from
-    row_base: float | None = None  # the base of the training thread's rows (Probe._rebase)
 
     def base_for(self, first_end: float) -> float:
         """The base for rows whose earliest end is ``first_end``: the same one for an hour,
@@ -796,25 +757,6 @@ class _DrainState:
         if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
             self.base = first_end
         return self.base
-
-
-def _as_raws(raws: list[Any], st: _DrainState, changes: deque[tuple[int, float]]) -> list[_Raw]:
-    """Every drained step as a _Raw: watch's wire rows made perf_counter times again, each
-    from the base it was made with (changes taken in step order). Exact: a duration of
-    whole microseconds converts to seconds and back to the same integer."""
-    us = _US
-    out: list[_Raw] = []
-    for raw in raws:
-        while changes and changes[0][0] <= raw[0]:
-            st.row_base = changes.popleft()[1]
-        if len(raw) != ROW_LEN:
-            out.append(raw)
-            continue
-        index, end, period, wait, n = raw
-        t_next = st.row_base + end / us
-        t0 = t_next - period / us
-        out.append((index, t0, t0 + wait / us, t_next, n, None, None))
-    return out
 
 
 def _us(seconds: float) -> int:

@@ -10,15 +10,13 @@ generator whose per-step work is two clock reads and two calls into the probe.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gputop_dl.probe import loader
-from gputop_dl.probe.core import ROW_REBASE_US, as_count
-from gputop_dl.probe.protocol import MICROS
+from gputop_dl.probe.core import as_count
 
 if TYPE_CHECKING:
     from gputop_dl.probe.core import Probe
@@ -113,7 +111,6 @@ class Watched(Generic[T]):
             open_step = probe._open_step
             close_step = probe._close_step
             append = probe._steps.append
-            trunc, us = math.trunc, float(MICROS)
             # Steps whose count is known without looking at the batch (batch_plan):
             # those before position `known` hold `full` samples, the one at `known` (the
             # pass's last) `last`. The first batch is counted all the same: if it
@@ -138,9 +135,8 @@ class Watched(Generic[T]):
                         full, known, last = plan
                         n = full
                 # Host timing settled (no CUDA events): _open_step and _close_step
-                # inlined, the step's times kept here, and the record made in its wire
-                # form (the publisher sends it as it is: 0.08 us here saves it 0.4 us
-                # a step, reading records made up to 0.5 s before; bench/probe_overhead).
+                # inlined, the step's times kept here, nothing allocated but the record
+                # (two thirds of this loop's cost; bench/probe_overhead.py).
                 fast = probe._host_only
                 if fast:
                     probe._open = OPENED_IN_WATCH
@@ -160,12 +156,7 @@ class Watched(Generic[T]):
                             n = opened[2]
                         probe._open = None
                         index = probe._index
-                        end = trunc((t_next - probe._row_base) * us + 0.5)
-                        if end >= ROW_REBASE_US:  # an hour on: ends count from here
-                            end = trunc((t_next - probe._rebase(index, t_next)) * us + 0.5)
-                        # Clock readings in order: durations >= 0, trunc(x + 0.5) rounds.
-                        period = trunc((t_next - t0) * us + 0.5)
-                        append((index, end, period, trunc((t1 - t0) * us + 0.5), n))
+                        append((index, t0, t1, t_next, n, None, None))
                         probe._index = index + 1
                 t0 = t_next
         except GeneratorExit:
