@@ -55,10 +55,18 @@ VM has none. Which thread frees the records does not matter: the training thread
 them itself measured the same (1.38 and 2.95 us against 1.34 and 2.34, alternately).
 
 The publisher's drain and encode cost 0.29 us a step in the tight loop below and 0.5-0.7
-in a run, where each record was made on the other core up to 0.5 s before it is drained.
-A ring of preallocated columns in place of a tuple per step drained at 0.41 against
-0.52-0.56 in the harness: most of the cost is the rows built for the encoder, so it was
-not taken up.
+in a run, where each record was made on the other core up to 0.5 s before it is drained
+(per 1,000 steps in a run: drain 520-690 us, of it building the wire rows 380-400; encode
+48-69, send 67-90). Two ways to cut it were measured and not kept:
+
+* a ring of preallocated columns in place of a tuple per step: drained at 0.41 against
+  0.52-0.56 in a harness; the rows built for the encoder were most of it;
+* the watch loop making each wire row itself, the publisher sending the rows as they
+  come: the publisher fell to 320-340 us per 1,000 steps (0.26-0.30 us a step in the
+  pairs, against 0.70), but the training thread rose by 0.1 us in the tight loop and by
+  far more in a run: in one process, new and old alternately, 2.69, 1.67 and 1.99 us
+  against 0.51, 0.73 and 0.28 over the DataLoader, 2.32 and 2.14 against 1.44 and 1.63
+  over the list. The training thread is the one that matters: reverted.
 
 The last section also profiles the probe's own parts in this process
 (CPU time of the calling thread, repeated): the training-thread path between real ~100 us
