@@ -1,0 +1,35 @@
+"""``make bench`` keeps working: the probe's cost bench, run small, measures what it says.
+
+The bench reaches into the probe (its step buffer, its publisher) to count the
+publisher's work; a change there must not leave the bench broken until someone runs it.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench import probe_overhead
+
+
+def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe_overhead, "STEPS", 300)
+    monkeypatch.setattr(probe_overhead, "ADDITIONS", 50)
+    probe_overhead.pairs_of("list", 2)  # two: the spread needs two points
+    probe_overhead.in_one_process("list", rounds=2, steps=100, settle_s=0.01)
+    out = capsys.readouterr().out
+    for figure in (
+        "bare step (CPU)",
+        "whole-process CPU, all threads, flushed",
+        "of which the training thread's CPU",
+        "floor, two clock reads around next()",
+        "of which publisher thread (loop)",
+        "the same in one process",
+    ):
+        assert figure in out, f"{figure!r} missing from:\n{out}"
+    # Every figure is a number (a child that failed would leave none, or a nan).
+    medians = re.findall(r"median (-?\d+\.\d+) us", out)
+    assert len(medians) >= 8 and "nan" not in out
