@@ -260,9 +260,14 @@ print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
 """
 
 
-def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
+def start(
+    mode: str, kind: str, steps: int, layout: int, *extra: object
+) -> tuple[subprocess.Popen[str], Subscriber | None]:
+    """A CHILD started in the round's layout, with a subscriber attached when it runs a
+    probe (the child waits for it), told to go."""
+    argv = (CHILD, mode, steps, kind, ADDITIONS, layout, *extra)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, mode, str(STEPS), kind, str(ADDITIONS), str(layout)],
+        [sys.executable, "-c", *map(str, argv)],
         # The round's hash seed, too: with each child's own, dicts and sets laid out
         # differently moved the same bare loop by +-8 us a step (at 28 us steps).
         env={**os.environ, "PYTHONHASHSEED": str(layout)},
@@ -273,12 +278,18 @@ def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
     assert child.stdin is not None and child.stdout is not None
     endpoint = child.stdout.readline().strip()
     sub = None
-    if mode == "probe":
+    if mode in ("probe", "blocks"):  # the children that run a probe
         sub = Subscriber()
         sub.connect(endpoint)
         time.sleep(0.3)
     child.stdin.write("go\n")
     child.stdin.flush()
+    return child, sub
+
+
+def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
+    child, sub = start(mode, kind, STEPS, layout)
+    assert child.stdout is not None
     received = 0
     line = ""
     while not line:
@@ -461,24 +472,10 @@ def in_one_process(
 ) -> None:
     """The same three loops in one probe process (see ``blocks`` in CHILD): no
     process-to-process difference of layout or host speed between the arms, the
-    publisher's work for each block counted in it. Each watched block is a pass of its
-    own (a loop entered and left, the loader described again): more passes than a real
-    training makes, counted all the same."""
-    layout = random.randrange(2**32)
-    argv = (CHILD, "blocks", steps, kind, ADDITIONS, layout, rounds, settle_s)
-    child = subprocess.Popen(
-        [sys.executable, "-c", *map(str, argv)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONHASHSEED": str(layout)},
-    )
-    assert child.stdin is not None and child.stdout is not None
-    sub = Subscriber()
-    sub.connect(child.stdout.readline().strip())
-    time.sleep(0.3)
-    child.stdin.write("go\n")
-    child.stdin.flush()
+    publisher's work for each block counted in it. Each loop is one pass, as in a
+    training; its publisher wakes once a block (see the module docstring)."""
+    child, sub = start("blocks", kind, steps, random.randrange(2**32), rounds, settle_s)
+    assert child.stdout is not None and sub is not None
     received = 0
     while child.poll() is None:
         received += len(sub.receive(0.05, max_messages=100_000))
