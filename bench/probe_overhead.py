@@ -92,6 +92,7 @@ from collections.abc import Callable, Iterable, Iterator
 from gputop_dl.probe.core import Probe, _DrainState
 from gputop_dl.probe.loader import sample_counter
 from gputop_dl.probe.protocol import encode_steps
+from gputop_dl.probe.stamps import Segment
 from gputop_dl.probe.transport import Subscriber
 
 STEPS = 20_000
@@ -189,14 +190,17 @@ def two_clock_reads(batches):  # the floor: what any timing of next() must do
         perf()
 
 # One process, one probe, one heap: blocks of STEPS steps of three loops in a shuffled
-# order, each block's whole-process CPU read after the publisher has drained, encoded
-# and sent it (woken at the block's end, then settle_s of idling that every kind of block
-# has). Each loop is one pass over ROUNDS blocks, taken a block at a time (islice for all
-# three), so a watched block holds no loop entry or exit. Prints the per-round
-# differences from the bare block, then the bare steps.
-def blocks(rounds, settle_s):
+# order, back to back as a training runs them, the training thread's CPU read per block.
+# Each loop is one pass over ROUNDS blocks, taken a block at a time (islice for all
+# three), so a watched block holds no loop entry or exit. The publisher works at its own
+# pace meanwhile; its thread's CPU and zmq's over the whole run, all of it due to the
+# watched steps, is printed per watched step. Then the per-round differences of the
+# training thread from the bare block, and the bare steps.
+def blocks(rounds):
+    global PUBLISHER
     import itertools
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
+    PUBLISHER = p._thread.native_id
     print(p.endpoint, flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
@@ -207,30 +211,32 @@ def blocks(rounds, settle_s):
         "probe": one_pass(p.watch),
         "floor": one_pass(two_clock_reads),
     }
-    spent = {name: [] for name in passes}
     main = {name: [] for name in passes}
     order = list(passes)
+    before = threads()
     for _ in range(rounds):
         rng.shuffle(order)
         for name in order:
             block = itertools.islice(passes[name], STEPS)
-            c0, m0 = time.process_time(), time.thread_time()
+            m0 = time.thread_time()
             for _ in block:
                 work()
-            m1 = time.thread_time()
-            p._publisher.wake()
-            time.sleep(settle_s)
-            spent[name].append(time.process_time() - c0)
-            main[name].append(m1 - m0)
-            assert len(p._steps) <= 1, "the publisher had not drained the block"
+            main[name].append(time.thread_time() - m0)
+    p._publisher.wake()
+    time.sleep(1.0)  # the last steps drained, encoded and sent
+    assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
+    after = threads()
     p.close()
+    others = sum(
+        v - before.get(k, 0) for k, v in after.items() if k == "publisher" or k.startswith("ZMQ")
+    )
+    print(others / (rounds * STEPS) / 1e3)
     for name in ("probe", "floor"):
-        print(*((a - b) / STEPS * 1e6 for a, b in zip(spent[name], spent["bare"])))
-    print(*((a - b) / STEPS * 1e6 for a, b in zip(main["probe"], main["bare"])))
-    print(*(b / STEPS * 1e6 for b in spent["bare"]), flush=True)
+        print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
+    print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
 
 if sys.argv[1] == "blocks":
-    blocks(int(sys.argv[6]), float(sys.argv[7]))
+    blocks(int(sys.argv[6]))
     sys.exit(0)
 
 # Every kind of child runs the same lines from here on, whatever it times: only the
@@ -333,17 +339,18 @@ def components() -> None:
     p = Probe(name="parts")
     p.enabled = True  # watch() times the loop; nothing is published
     n = 20_000
-    t = time.perf_counter()
     batch = (np.zeros((32, 3)), np.zeros(32))
     batches = [batch] * n
 
     def watched_loop() -> None:
         p._steps.clear()  # frees the last repeat's records (the publisher's work, counted)
+        p._segments.clear()
         for _ in p.watch(batches):
             pass
 
     def known_loop() -> None:  # the path of a DataLoader's batch_plan, or samples=32
         p._steps.clear()
+        p._segments.clear()
         for _ in p.watch(batches, samples=32):
             pass
 
@@ -358,13 +365,18 @@ def components() -> None:
             count(batch)
 
     def publisher() -> None:
-        p._steps.clear()
-        p._steps.extend((i, t, t, t + 0.001, 32, None, None) for i in range(n))
+        # What watch's fast path leaves for the publisher: clock readings 30 us apart.
+        segment = Segment(0, 0, (32, n, 32), counted=False)
+        t_ns = time.perf_counter_ns()
+        segment.stamps.extend(range(t_ns, t_ns + 30_000 * (2 * n + 1), 30_000))
+        segment.steps = n
+        p._segments.clear()
+        p._segments.append(segment)
         c0 = time.thread_time()
         base, records = p._drain(_DrainState(), 0.0, force=False)
         for i in range(0, n, 2000):
             encode_steps("host:1", base, records[i : i + 2000], 0, 0, 0)
-        # the extend above is the training thread's work: keep it out of the figure
+        # the readings above are the training thread's work: keep them out of the figure
         publisher_s.append(time.thread_time() - c0)
 
     publisher_s: list[float] = []
@@ -467,30 +479,29 @@ def pairs_of(kind: str, pairs: int) -> None:
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
 
-def in_one_process(
-    kind: str, rounds: int = 150, steps: int = 1_000, settle_s: float = 0.02
-) -> None:
+def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     """The same three loops in one probe process (see ``blocks`` in CHILD): no
-    process-to-process difference of layout or host speed between the arms, the
-    publisher's work for each block counted in it. Each loop is one pass, as in a
-    training; its publisher wakes once a block (see the module docstring)."""
-    child, sub = start("blocks", kind, steps, random.randrange(2**32), rounds, settle_s)
+    process-to-process difference of layout or host speed between the arms. Each loop
+    is one pass, as in a training; the publisher and zmq threads' CPU over the run is
+    added to the training thread's per watched step."""
+    child, sub = start("blocks", kind, steps, random.randrange(2**32), rounds)
     assert child.stdout is not None and sub is not None
     received = 0
     while child.poll() is None:
         received += len(sub.receive(0.05, max_messages=100_000))
     sub.close()
     assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
-    probe_us, floor_us, main_us, bare_us = (
-        [float(x) for x in line.split()] for line in child.stdout.read().splitlines()[-4:]
-    )
+    lines = child.stdout.read().splitlines()[-4:]
+    others_us = float(lines[0])
+    main_us, floor_us, bare_us = ([float(x) for x in line.split()] for line in lines[1:])
     print(f"the same in one process, over {KINDS[kind]}")
     print(
-        f"{rounds} rounds of {steps}-step blocks (bare, probe, floor, shuffled) of"
-        f" {ADDITIONS} additions; bare step {statistics.median(bare_us):.1f} us"
+        f"{rounds} rounds of {steps}-step blocks (bare, probe, floor, shuffled, back to back)"
+        f" of {ADDITIONS} additions; bare step {statistics.median(bare_us):.1f} us"
     )
-    print(f"  whole-process CPU, all threads, flushed: {spread(probe_us)}")
+    print(f"  whole-process CPU, all threads, flushed: {spread([m + others_us for m in main_us])}")
     print(f"  of which the training thread's CPU:      {spread(main_us)}")
+    print(f"  of which the publisher and zmq threads:  {others_us:.2f} us (whole run)")
     print(f"  floor, two clock reads around next():  {spread(floor_us)}")
 
 

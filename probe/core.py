@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
-from operator import call
+from operator import call, itemgetter
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
@@ -36,6 +36,7 @@ from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_dev
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
+from gputop_dl.probe.stamps import CHUNK_STEPS, Segment
 from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
@@ -132,7 +133,7 @@ class Phase:
     def __exit__(self, *exc: object) -> None:
         # Logged against the open step's index; the publisher thread sums them per step.
         p = self._probe
-        p._phase_log.append((p._index, self._name, time.perf_counter() - self._t0))
+        p._phase_log.append((p._index_now(), self._name, time.perf_counter() - self._t0))
 
 
 _current: Probe | None = None
@@ -216,7 +217,17 @@ class Probe:
 
         # Training-thread state. Only the training thread writes these.
         self._steps: deque[_Raw] = deque(maxlen=MAX_BUFFERED_STEPS)
-        self._index = 0
+        self._index = 0  # the next step's (while a segment runs: see _index_now)
+        # The watch loop's C-timed steps (probe/stamps.py): the running segment, and
+        # those the publisher has not finished with (a segment a dead publisher never
+        # drains is dropped whole when newer ones come: counted from the index gap).
+        self._segment: Segment | None = None
+        # Loops entered and not yet left: only a loop that is alone is C-timed, so that
+        # no other loop's steps take indices while a segment counts them.
+        self._passes = 0
+        self._segments: deque[Segment] = deque(maxlen=MAX_BUFFERED_STEPS // CHUNK_STEPS)
+        # probe.step(samples) inside a segment: (step index, count) for the publisher.
+        self._count_fixes: deque[tuple[int, int | None]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
         self._phase_log: deque[tuple[int, str, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._last_mark: float | None = None
@@ -358,6 +369,11 @@ class Probe:
         """Training thread, once per pass: store and flag (no I/O, never raises)."""
         now = time.time()
         self._train_thread = threading.get_ident()
+        self._passes += 1
+        outer = self._segment
+        if outer is not None:  # a loop inside a C-timed one: its open step is dropped
+            outer.gate.clear()  # the outer chain stops before its next clock reading
+            self._end_segment(outer, close=False)
         if info is not None:
             self._loader_info = info
             if info.dataset_path and self._sampler is not None:
@@ -365,7 +381,7 @@ class Probe:
         if framework is not None:
             self._framework = framework
         self._loop, self._loop_since, self._loop_exit = "in-loop", now, None
-        self._loop_events.append(("in-loop", now, self._index, None))
+        self._loop_events.append(("in-loop", now, self._index_now(), None))
         self._hello_dirty.set()
 
     def _loop_left(self, how: str) -> None:
@@ -373,9 +389,38 @@ class Probe:
         A step left open (``break``, an exception) is dropped, not guessed."""
         now = time.time()
         self._open = None
+        self._passes = max(0, self._passes - 1)
+        if self._segment is not None:  # break or an exception inside a C-timed pass
+            self._end_segment(self._segment, close=False)
         self._loop, self._loop_since, self._loop_exit = "outside", now, how
         self._loop_events.append(("outside", now, self._index, how))
         self._hello_dirty.set()
+
+    def _index_now(self) -> int:
+        """The open (or next) step's index, also while a segment times the loop."""
+        segment = self._segment
+        return self._index if segment is None else segment.first + segment.complete()
+
+    def _begin_segment(self, segment: Segment) -> None:
+        self._segment = segment
+        self._segments.append(segment)
+
+    def _end_segment(self, segment: Segment, *, close: bool = True) -> bool:
+        """Training thread: ``segment``'s chain stopped. True: it found the loader empty.
+
+        An even count of readings means the chain stopped before a step's end was read
+        (its gate ran out): with ``close`` that end is read now, else the step is dropped.
+        """
+        exhausted = len(segment.stamps) % 2 == 1
+        if segment.steps is not None:  # sealed by a nested loop, which set the index
+            return exhausted
+        if close and not exhausted:
+            segment.stamps.append(time.perf_counter_ns())
+        segment.steps = segment.complete()
+        self._index = segment.first + segment.steps
+        if self._segment is segment:
+            self._segment = None
+        return exhausted
 
     def _open_step(self, t0: float, t1: float, n: int | None) -> None:
         if self._timing_checks < 3:
@@ -422,6 +467,9 @@ class Probe:
         if opened is not None:
             self._open = (opened[0], opened[1], as_count(samples), opened[3])
             return
+        if self._segment is not None:
+            self._count_fixes.append((self._index_now(), as_count(samples)))
+            return
         now = time.perf_counter()
         if self._last_mark is not None:
             if self._timing_checks < 3:
@@ -439,7 +487,7 @@ class Probe:
     def _log_phase(self, name: str, seconds: float) -> None:
         """A phase of the open step timed elsewhere (framework hooks), logged as
         ``with probe.phase(name)`` logs it. Training thread; one append."""
-        self._phase_log.append((self._index, name, seconds))
+        self._phase_log.append((self._index_now(), name, seconds))
 
     def _set_ranks(self, rank: int | None, local_rank: int | None, world: int | None) -> None:
         """Ranks a framework knows (its Trainer): used in the hello where the launcher's
@@ -647,7 +695,7 @@ class Probe:
                     if stack_frames is not None:
                         send(stack_frames)  # a viewer attaching during a stall sees where
                 if stopping:
-                    send_message(Bye(self.source_id, self._bye_reason, self._index))
+                    send_message(Bye(self.source_id, self._bye_reason, self._index_now()))
                     break
             except Exception as exc:  # never let the thread die silently with a live loop
                 self._warn("publisher", "gputop probe: publisher error: %s", exc)
@@ -662,24 +710,27 @@ class Probe:
         (base Unix time, rows whose ends are microseconds after it)."""
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
         raws = list(map(call, repeat(self._steps.popleft, len(self._steps))))
+        spans = self._segment_spans()
+        fixes = st.count_fixes
+        for _ in range(len(self._count_fixes)):  # after the readings: a fix precedes its end
+            index, n = self._count_fixes.popleft()
+            fixes[index] = n
         log = self._phase_log
         phases = st.phases
         for _ in range(len(log)):  # after the steps: a step's phases are logged before it
             index, name, seconds = log.popleft()
             per_step = phases.setdefault(index, {})
             per_step[name] = per_step.get(name, 0.0) + seconds
-        if raws:
-            # The buffer drops its oldest steps when full: a gap before the first index.
-            st.dropped_steps += max(0, raws[0][0] - st.next_index)
-            st.next_index = raws[-1][0] + 1
         timer = self._timer
         if timer is None and not st.pending:
-            if not raws:
+            if not raws and not spans:
                 return 0.0, []
+            ends = [raws[0][3]] if raws else []
+            ends += [segment.stamps[2 * segment.taken + 2] / 1e9 for segment, _ in spans]
             # Host timing: one comprehension over the raw tuples, nothing else per step.
             # Times are perf_counter readings: durations >= 0, ends >= the first end, so
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
-            b = st.base_for(raws[0][3])
+            b = st.base_for(min(ends))
             trunc = math.trunc
             rows: list[_Wire] = [
                 (
@@ -691,6 +742,11 @@ class Probe:
                 )
                 for i, t0, t1, tn, n, _s, _e in raws
             ]
+            if spans:
+                rows = self._segment_rows(rows, spans, b)
+            if fixes:
+                rows = _fixed(rows, fixes)
+            self._count_drained(st, rows)
             if phases:  # named phases (rare): the rows run on to field 7
                 rows = [(*row, None, None, _phase_items(phases.pop(row[0], None))) for row in rows]
                 _forget_before(phases, st.next_index)
@@ -732,9 +788,58 @@ class Probe:
                     caught_up,
                 )
             )
+        if spans and not pending:  # CUDA events just failed: the rest is host-timed
+            out = self._segment_rows(out, spans, b)
+        if fixes:
+            out = _fixed(out, fixes)
+        self._count_drained(st, out)
         if out:
             _forget_before(phases, out[-1][0])
         return b + wall_offset, out
+
+    def _segment_spans(self) -> list[tuple[Segment, int]]:
+        """(segment, steps complete in it) for segments with steps not yet published;
+        segments finished and published are let go."""
+        segments = self._segments
+        while segments:
+            first = segments[0]
+            if first.steps is None or first.taken < first.steps:
+                break
+            if segments[0] is first:  # else the full deque dropped it meanwhile
+                segments.popleft()
+        spans = []
+        for segment in list(segments):  # a copy: the training thread appends meanwhile
+            steps = segment.steps
+            upto = segment.complete() if steps is None else steps
+            if upto > segment.taken:
+                spans.append((segment, upto))
+        return spans
+
+    @staticmethod
+    def _segment_rows(
+        rows: list[_Wire], spans: list[tuple[Segment, int]], base: float
+    ) -> list[_Wire]:
+        """``rows`` and the spans' rows, in step order."""
+        base_ns = round(base * 1e9)
+        merged = list(rows)
+        for segment, upto in spans:
+            merged += segment.rows(base_ns, upto)
+        if rows:  # steps of a pass's Python-timed start and of segments: sort by index
+            merged.sort(key=itemgetter(0))
+        return merged
+
+    @staticmethod
+    def _count_drained(st: _DrainState, rows: list[_Wire]) -> None:
+        if rows:
+            # The buffers drop their oldest steps when full: gaps in the indices (rows
+            # are in order, each index once; a pass's Python-timed start, drained from
+            # the other buffer, may sit before a gap).
+            st.dropped_steps += max(0, rows[-1][0] + 1 - st.next_index - len(rows))
+            st.next_index = rows[-1][0] + 1
+            fixes = st.count_fixes
+            if fixes:  # those of steps that will never be published (a break)
+                for stale in [i for i in fixes if i < st.next_index]:
+                    del fixes[stale]
 
 
 @dataclass
@@ -745,6 +850,7 @@ class _DrainState:
     phases: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> name -> s
     next_index: int = 0
     dropped_steps: int = 0
+    count_fixes: dict[int, int | None] = field(default_factory=dict)  # probe.step(samples)
     ev_end: Any = None  # the last drained step's end event, its host time and period
     t_end: float | None = None
     period: float | None = None
@@ -757,6 +863,12 @@ class _DrainState:
         if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
             self.base = first_end
         return self.base
+
+
+def _fixed(rows: list[_Wire], fixes: dict[int, int | None]) -> list[_Wire]:
+    """``rows`` with the counts ``probe.step(samples)`` gave inside a C-timed loop."""
+    get = fixes.pop
+    return [row if row[0] not in fixes else (*row[:4], get(row[0]), *row[5:]) for row in rows]
 
 
 def _us(seconds: float) -> int:

@@ -4,7 +4,8 @@ A ``Watched`` object is what the user (or a framework) iterates instead of the l
 It must be invisible to the training: each ``iter()`` is a new pass (an epoch), ``len()``
 and every attribute are the loader's, errors from the loader keep their own type and
 traceback, and it pickles as the loader plus options. Only the loop itself is timed, by a
-generator whose per-step work is two clock reads and two calls into the probe.
+generator: its first steps in Python (they settle the timing method and the counts), the
+rest of the pass by a chain of C iterators (probe/stamps.py) while no other loop is open.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gputop_dl.probe import loader
 from gputop_dl.probe.core import as_count
+from gputop_dl.probe.stamps import Segment
 
 if TYPE_CHECKING:
     from gputop_dl.probe.core import Probe
@@ -118,47 +120,69 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            t0 = perf()
-            for position, batch in enumerate(iterator):
-                t1 = perf()
-                n: int | None
-                if position < known:
-                    n = full
-                elif position == known:
-                    n = last
-                else:
-                    try:
-                        n = count(batch)
-                    except Exception:  # a user's counting function must not stop training
-                        n = None
-                    if position == 0 and plan is not None and n in (None, plan[0]):
-                        full, known, last = plan
+            position = 0
+            while True:  # Python-timed steps, then C-timed ones while this loop is alone
+                t0 = perf()
+                resume = position
+                for position, batch in enumerate(iterator, resume):
+                    t1 = perf()
+                    n: int | None
+                    if position < known:
                         n = full
-                # Host timing settled (no CUDA events): _open_step and _close_step
-                # inlined, the step's times kept here, nothing allocated but the record
-                # (two thirds of this loop's cost; bench/probe_overhead.py).
-                fast = probe._host_only
-                if fast:
-                    probe._open = OPENED_IN_WATCH
-                else:
-                    open_step(t0, t1, n)
-                if pids_late:  # generator loaders start their workers on the first next()
-                    pids_late = False
-                    _late_pids(probe, info, iterator)
-                yield batch
-                t_next = perf()
-                opened = probe._open
-                if opened is not None:  # else a nested watched loop closed it
-                    if not fast:
-                        close_step(t_next)
+                    elif position == known:
+                        n = last
                     else:
-                        if opened is not OPENED_IN_WATCH:  # probe.step(samples) said
-                            n = opened[2]
-                        probe._open = None
-                        index = probe._index
-                        append((index, t0, t1, t_next, n, None, None))
-                        probe._index = index + 1
-                t0 = t_next
+                        try:
+                            n = count(batch)
+                        except Exception:  # a user's counting function must not stop training
+                            n = None
+                        if position == 0 and plan is not None and n in (None, plan[0]):
+                            full, known, last = plan
+                            n = full
+                    # Host timing settled (no CUDA events): _open_step and _close_step
+                    # inlined, the step's times kept here, nothing allocated but the record
+                    # (two thirds of this loop's cost; bench/probe_overhead.py).
+                    fast = probe._host_only
+                    if fast:
+                        probe._open = OPENED_IN_WATCH
+                    else:
+                        open_step(t0, t1, n)
+                    if pids_late:  # generator loaders start their workers on the first next()
+                        pids_late = False
+                        _late_pids(probe, info, iterator)
+                    yield batch
+                    t_next = perf()
+                    opened = probe._open
+                    if opened is not None:  # else a nested watched loop closed it
+                        if not fast:
+                            close_step(t_next)
+                        else:
+                            if opened is not OPENED_IN_WATCH:  # probe.step(samples) said
+                                n = opened[2]
+                            probe._open = None
+                            index = probe._index
+                            append((index, t0, t1, t_next, n, None, None))
+                            probe._index = index + 1
+                    t0 = t_next
+                    # Timing and counts settled (the rest of the plan, or our own counter):
+                    # the rest of the pass runs in C (probe/stamps.py).
+                    counts_settled = position < known or (known < 0 and self._samples is None)
+                    alone = probe._passes == 1 and probe.enabled  # no other loop's steps
+                    if fast and counts_settled and alone and not pids_late:
+                        break
+                else:
+                    return  # exhausted in the loop above
+                position += 1
+                counted = known < 0
+                while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
+                    segment = Segment(
+                        probe._index, position, plan if not counted else None, counted
+                    )
+                    probe._begin_segment(segment)
+                    yield from segment.timed(iterator, count if counted else None)
+                    position += len(segment.stamps) // 2  # the batches it passed on
+                    if probe._end_segment(segment):
+                        return  # exhausted (odd readings: the last found the loader empty)
         except GeneratorExit:
             how = "break"
             raise

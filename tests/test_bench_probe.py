@@ -19,7 +19,7 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
     monkeypatch.setattr(probe_overhead, "STEPS", 300)
     monkeypatch.setattr(probe_overhead, "ADDITIONS", 50)
     probe_overhead.pairs_of("list", 2)  # two: the spread needs two points
-    probe_overhead.in_one_process("list", rounds=2, steps=100, settle_s=0.01)
+    probe_overhead.in_one_process("list", rounds=2, steps=100)
     out = capsys.readouterr().out
     for figure in (
         "bare step (CPU)",
@@ -27,6 +27,7 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
         "of which the training thread's CPU",
         "floor, two clock reads around next()",
         "of which publisher thread (loop)",
+        "of which the publisher and zmq threads",
         "the same in one process",
     ):
         assert figure in out, f"{figure!r} missing from:\n{out}"

@@ -1,0 +1,122 @@
+"""Steps timed with no Python per step: the watch loop's fast path and its wire rows.
+
+Once a pass's timing and counts are settled (host clock, counts known or counted by the
+probe's own counter), ``watch`` hands the loop to a chain of C iterators: per step they
+read the clock, fetch the batch, read the clock again and append both readings (integer
+nanoseconds) to a list, and the generator only passes each batch on: no Python of the
+probe's runs between steps (figures in bench/probe_overhead.py).
+
+A :class:`Segment` is one run of that chain, at most CHUNK_STEPS steps: its readings
+alternate ``t0, t1`` per step, and a step's end is the next step's ``t0``, so with
+``len(stamps) == 2k + 1`` the first k steps are complete. The training thread only appends;
+the publisher thread reads complete steps by position (never mutating the list) and
+turns them into wire rows column by column, in C loops as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from itertools import repeat, starmap, tee
+from operator import floordiv, itemgetter, sub
+from time import perf_counter_ns
+from typing import Any
+
+# Steps per segment: the Python between two segments (a new list, a closing reading)
+# costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
+CHUNK_STEPS = 1024
+_NS_PER_US = 1000
+_batch = itemgetter(2)  # (gate, t0, batch, t1[, None]) -> batch
+
+
+class Segment:
+    """Up to CHUNK_STEPS steps of one pass, timed by :meth:`timed`.
+
+    The training thread writes everything but ``taken``; the publisher reads ``stamps``
+    and ``counts`` up to what ``complete()`` says, or ``steps`` once it is set.
+    """
+
+    __slots__ = (
+        "counts",
+        "first",
+        "full",
+        "gate",
+        "known",
+        "last",
+        "position",
+        "stamps",
+        "steps",
+        "taken",
+    )
+
+    def __init__(
+        self, first: int, position: int, plan: tuple[int, int, int] | None, counted: bool
+    ) -> None:
+        self.first = first  # the step index of its first step
+        self.position = position  # the batch position of its first step in the pass
+        # The pass's counts known in advance (loader.batch_plan): `full` samples before
+        # position `known`, `last` at it; None: `counts` holds one count per step.
+        self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
+        self.counts: list[int | None] | None = [] if counted else None
+        self.stamps: list[int] = []  # perf_counter_ns readings: t0, t1 of each step
+        # The chain takes one item of this list per step: clearing it stops the chain
+        # before its next clock reading (a loop entered inside this one: Probe).
+        self.gate: list[None] = [None] * CHUNK_STEPS
+        self.steps: int | None = None  # set when it ended: its steps, all published
+        self.taken = 0  # publisher thread: steps already turned into rows
+
+    def complete(self) -> int:
+        """Steps whose three readings are in (a step's end is the next one's start)."""
+        return (len(self.stamps) - 1) // 2 if self.stamps else 0
+
+    def timed(self, iterator: Iterator[Any], count: Callable[[Any], int | None] | None) -> Any:
+        """``iterator``'s batches, each fetch between two clock readings; with ``count``
+        (total: it never raises) each batch's samples counted after the second one."""
+        clock = map(self.stamps.append, starmap(perf_counter_ns, repeat(())))
+        gate = iter(self.gate)
+        if count is None or self.counts is None:
+            return map(_batch, zip(gate, clock, iterator, clock, strict=False))
+        batches, looked = tee(iterator)
+        counted = map(self.counts.append, map(count, looked))
+        return map(_batch, zip(gate, clock, batches, clock, counted, strict=False))
+
+    def rows(self, base_ns: int, upto: int) -> list[tuple[Any, ...]]:
+        """Wire rows (index, end, period, data wait, samples) of steps ``taken`` to
+        ``upto`` (complete ones), ends in microseconds after ``base_ns``; marks them taken.
+
+        Every reading is rounded to a microsecond once, so each period is its end minus
+        the previous end exactly (as a row made of rounded durations is to within 1 us).
+        """
+        start = self.taken
+        self.taken = upto
+        us = list(
+            map(
+                floordiv,
+                map(sub, self.stamps[2 * start : 2 * upto + 1], repeat(base_ns - 500)),
+                repeat(_NS_PER_US),
+            )
+        )
+        ends = us[2::2]
+        starts = us[0:-1:2]
+        position = self.position + start
+        counts: Any
+        if self.counts is not None:
+            counts = self.counts[start:upto]
+        else:
+            counts = [self.full] * (upto - start)
+            last_at = self.known - position
+            if 0 <= last_at < len(counts):
+                counts[last_at] = self.last
+                counts[last_at + 1 :] = [None] * (len(counts) - last_at - 1)  # past the plan
+            elif last_at < 0 and self.known >= 0:
+                counts = [None] * len(counts)
+        first = self.first + start
+        return list(
+            zip(
+                range(first, first + len(ends)),
+                ends,
+                map(sub, ends, starts),
+                map(sub, us[1::2], starts),
+                counts,
+                strict=True,
+            )
+        )

@@ -1,0 +1,286 @@
+"""watch's C-timed fast path (probe/stamps.py): every step published once, exactly as the
+Python loop would have, whatever the loop does (a break, an exception, a loop inside it,
+probe.step, phases, a publisher that stops draining).
+
+Real probes on real sockets, read by the doc-only wire reader; segments made small so
+that a pass crosses many of them.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gputop_dl import probe
+from gputop_dl.probe import stamps
+from gputop_dl.probe.stamps import Segment
+from tests.wire_reader import WireReader
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
+
+CHUNK = 7  # a pass of 100 steps crosses 14 segments
+
+
+@pytest.fixture(autouse=True)
+def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stamps, "CHUNK_STEPS", CHUNK)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def p() -> Iterator[probe.Probe]:
+    live = probe.Probe(
+        name="segments", listen=f"tcp://127.0.0.1:{free_port()}", system_interval_s=0
+    )
+    assert live.enabled, live.error
+    yield live
+    live.close()
+
+
+def attached(p: probe.Probe) -> WireReader:
+    reader = WireReader(p.endpoint or "")
+    reader.pump(2.0, until="hello")
+    return reader
+
+
+def published(p: probe.Probe, reader: WireReader) -> list[dict[str, Any]]:
+    p.close()
+    reader.pump(1.0)
+    reader.close()
+    return reader.steps()
+
+
+def batches(n: int, size: int = 8) -> list[np.ndarray]:
+    return [np.full((size, 1), i) for i in range(n)]
+
+
+def loader(n_samples: int, batch: int) -> DataLoader[Any]:
+    xs = torch.arange(n_samples, dtype=torch.float32).unsqueeze(1)
+    return DataLoader(TensorDataset(xs), batch_size=batch)
+
+
+# --------------------------------------------------------------- rows, a pure function
+def segment(
+    stamps_us: list[int],
+    *,
+    plan: tuple[int, int, int] | None = None,
+    counts: list[int | None] | None = None,
+    position: int = 0,
+    first: int = 0,
+) -> Segment:
+    seg = Segment(first, position, plan, counted=plan is None)
+    seg.stamps.extend(t * 1000 for t in stamps_us)
+    if counts is not None:
+        assert seg.counts is not None
+        seg.counts.extend(counts)
+    return seg
+
+
+@pytest.mark.parametrize(
+    ("seg", "upto", "rows"),
+    [
+        # readings t0, t1 per step; a step's end is the next t0: (index, end, period, wait, n)
+        (segment([0, 2, 10, 13, 30], counts=[4, 5]), 2, [(0, 10, 10, 2, 4), (1, 30, 20, 3, 5)]),
+        # only complete steps: the third step has no end yet
+        (
+            segment([0, 2, 10, 13, 30, 31], counts=[4, 5, 6]),
+            2,
+            [(0, 10, 10, 2, 4), (1, 30, 20, 3, 5)],
+        ),
+        # a plan: `full` before position `known`, `last` at it, None past it
+        (
+            segment([0, 1, 2, 3, 4, 5, 6, 7, 8], plan=(32, 2, 5), position=0),
+            4,
+            [(0, 2, 2, 1, 32), (1, 4, 2, 1, 32), (2, 6, 2, 1, 5), (3, 8, 2, 1, None)],
+        ),
+        # the plan's last batch in a later segment; indices from the segment's first
+        (
+            segment([0, 1, 2, 3, 4], plan=(32, 99, 5), position=40, first=1000),
+            2,
+            [(1000, 2, 2, 1, 32), (1001, 4, 2, 1, 32)],
+        ),
+        # a segment wholly past the plan
+        (segment([0, 1, 2], plan=(32, 3, 5), position=10), 1, [(0, 2, 2, 1, None)]),
+    ],
+)
+def test_segment_rows_are_the_wire_rows_of_its_complete_steps(
+    seg: Segment, upto: int, rows: list[tuple[Any, ...]]
+) -> None:
+    assert seg.complete() == upto
+    assert seg.rows(0, upto) == rows
+    assert seg.taken == upto
+    assert seg.rows(0, upto) == []  # taken: never published twice
+
+
+def test_segment_rows_round_each_reading_once_to_the_microsecond() -> None:
+    seg = segment([], counts=[1, 1])
+    seg.stamps.extend([1_000_499, 1_000_500, 1_002_501, 1_003_499, 1_004_500])
+    # base 1 ms: the readings round (half up) to 0, 1, 3, 3 and 5 us after it
+    assert seg.rows(1_000_000, 2) == [(0, 3, 3, 1, 1), (1, 5, 2, 0, 1)]
+
+
+# --------------------------------------------------------------- the loop, end to end
+def test_a_long_pass_is_published_once_per_step_in_order_with_its_counts(p: probe.Probe) -> None:
+    reader = attached(p)
+    data = batches(100)
+    seen = []
+    in_segment = 0
+    for batch in p.watch(data):
+        seen.append(int(batch[0, 0]))
+        in_segment += p._segment is not None
+    rows = published(p, reader)
+    assert seen == list(range(100))  # every batch, in order, to the training
+    assert in_segment >= 90  # the fast path ran (the first steps settle the timing)
+    assert [r["index"] for r in rows] == list(range(100))
+    assert {r["samples"] for r in rows} == {8}
+    ends = [r["end_time"] for r in rows]
+    assert ends == sorted(ends)
+    assert all(0 <= r["wait_s"] <= r["period_s"] for r in rows)
+    assert reader.of_kind("steps")[-1]["dropped_steps"] == 0
+
+
+def test_a_dataloaders_plan_gives_the_last_short_batch_its_count(p: probe.Probe) -> None:
+    reader = attached(p)
+    for _ in range(2):  # two passes: the second starts in Python again
+        for _ in p.watch(loader(4 * 60 + 3, 4)):
+            pass
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(122))
+    counts = [r["samples"] for r in rows]
+    assert counts == ([4] * 60 + [3]) * 2
+
+
+def test_a_break_drops_the_open_step_and_the_next_pass_goes_on_counting(p: probe.Probe) -> None:
+    reader = attached(p)
+    watched = p.watch(batches(100))
+    for i, _ in enumerate(watched):
+        if i == 50:
+            break
+    assert p._segment is None and p._index == 50  # step 50 was left open: dropped
+    assert len(list(watched)) == 100
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(150))
+
+
+def test_a_loader_exception_in_the_fast_path_keeps_its_type_and_the_steps_before(
+    p: probe.Probe,
+) -> None:
+    def failing() -> Iterator[np.ndarray]:
+        yield from batches(40)
+        raise KeyError("shard 7 missing")
+
+    class Loader:
+        def __iter__(self) -> Iterator[np.ndarray]:
+            return failing()
+
+    reader = attached(p)
+    seen = 0
+    with pytest.raises(KeyError, match="shard 7") as info:
+        for _ in p.watch(Loader()):
+            seen += 1
+    assert seen == 40
+    assert info.value.__context__ is None
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(40))
+    loops = reader.of_kind("loop")
+    assert loops[-1]["how"] == "exception:KeyError"
+
+
+def test_a_loop_inside_a_fast_loop_seals_it_and_both_go_on(p: probe.Probe) -> None:
+    reader = attached(p)
+    outer, inner = p.watch(batches(60)), p.watch(batches(5, size=2))
+    seen = []
+    for i, batch in enumerate(outer):
+        seen.append(int(batch[0, 0]))
+        if i in (20, 40):  # an evaluation inside the training loop, also watched
+            assert sum(1 for _ in inner) == 5
+    assert seen == list(range(60))
+    rows = published(p, reader)
+    indices = [r["index"] for r in rows]
+    assert indices == sorted(set(indices))  # each index once, in order
+    # the two outer steps an inner loop ran in are dropped, as in the Python loop
+    assert [r["samples"] for r in rows].count(8) == 60 - 2
+    assert [r["samples"] for r in rows].count(2) == 10
+
+
+def test_step_samples_and_phases_inside_the_fast_path_go_to_their_own_step(
+    p: probe.Probe,
+) -> None:
+    reader = attached(p)
+    for i, _ in enumerate(p.watch(batches(50))):
+        with p.phase("forward"):
+            time.sleep(0.0002)
+        if i % 2:
+            p.step(samples=3)
+    rows = published(p, reader)
+    assert [r["samples"] for r in rows] == [8, 3] * 25
+    assert all(dict(r["phases"]).get("forward", 0) >= 150e-6 for r in rows), rows[:3]
+
+
+def test_a_batch_whose_count_raises_is_counted_as_unknown_not_raised(p: probe.Probe) -> None:
+    class Odd:
+        @property
+        def shape(self) -> tuple[int, ...]:
+            raise RuntimeError("lazy tensor not materialised")
+
+    reader = attached(p)
+    data: list[Any] = [*batches(30), Odd(), *batches(30)]
+    assert sum(1 for _ in p.watch(data)) == 61
+    rows = published(p, reader)
+    assert len(rows) == 61
+    assert rows[30]["samples"] is None and rows[31]["samples"] == 8
+
+
+def test_a_publisher_that_stops_draining_bounds_the_memory_and_counts_the_loss(
+    p: probe.Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = attached(p)
+    stalled = True
+    drain = type(p)._drain
+
+    def maybe_drain(self: probe.Probe, *args: Any, **kwargs: Any) -> Any:
+        return (0.0, []) if stalled else drain(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(p), "_drain", maybe_drain)
+    kept = p._segments.maxlen
+    assert kept is not None
+    steps = (kept + 10) * CHUNK
+    for _ in p.watch(batches(steps, size=1)):
+        pass
+    assert len(p._segments) == kept  # the oldest segments went, not the memory
+    stalled = False
+    rows = published(p, reader)
+    indices = [r["index"] for r in rows]
+    python_timed = [i for i in indices if i < 5]  # the pass's start, before the fast path
+    assert python_timed == list(range(len(python_timed)))
+    tail = indices[len(python_timed) :]
+    assert tail == list(range(steps - len(tail), steps)) and len(tail) < steps - 5
+    assert reader.of_kind("steps")[-1]["dropped_steps"] == steps - len(indices)
+
+
+def test_two_loops_stepped_in_turn_never_share_an_index(p: probe.Probe) -> None:
+    reader = attached(p)
+    first, second = p.watch(batches(60)), p.watch(batches(60, size=2))
+    it = iter(first)
+    for _ in range(30):  # the first loop alone long enough to be C-timed
+        next(it)
+    assert p._segment is not None
+    pairs = list(zip(it, second, strict=False))  # then both, step by step
+    assert len(pairs) == 30
+    rows = published(p, reader)
+    indices = [r["index"] for r in rows]
+    assert indices == sorted(set(indices)), "two steps published under one index"
+    assert 29 <= len(indices) <= 90
