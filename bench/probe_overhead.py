@@ -38,35 +38,27 @@ own cost is what it adds above that.
 
 Process-to-process differences stay large on this VM (an IQR of several us a step), so
 ``in_one_process`` then runs the three loops in ONE probe process: 1,000-step blocks in a
-shuffled order, each loop one pass taken a block at a time, each block's whole-process
-CPU read after the publisher (woken at the block's end) has drained, encoded and sent it.
-The publisher is woken every 1,000 steps there, where a fast run wakes it every 0.5 s
-(15,000 steps at 30,000 steps/s): its per-wake-up cost counts several times over.
+shuffled order, back to back, each loop one pass taken a block at a time; the training
+thread's CPU is read per block, and the publisher and zmq threads' CPU over the whole run
+(all of it the watched steps' doing) is added per watched step. An earlier design idled
+20 ms after every block so that each block's publisher work could be read with it: every
+loop then paid a cold start, the floor 1.4-3.0 us a step (0.10-0.12 back to back), which
+made the probe's cost look 1-2 us dearer.
 
-What is left above the probe's own work (about 0.5 us a step on the training thread in a
-tight loop, 0.3 us on the publisher's) is not located. In a harness of the same blocks
-(150 rounds; the medians of repeated runs differ by up to 1 us), generators that differ
-only in what they keep alive across the step cost, against bare: the floor +0.5-0.7 us,
-one float held (a start time, as any timing keeps) +1.7, three floats +2.7-3.4, the same
-three as ``perf_counter_ns`` integers (another size class of CPython's small-object
-allocator than the step's small ints) +1.2. So the step's own arithmetic seems to run
-slower beside the objects a timer keeps alive; hardware counters would say why, and this
-VM has none. Which thread frees the records does not matter: the training thread freeing
-them itself measured the same (1.38 and 2.95 us against 1.34 and 2.34, alternately).
+Since 2026-11-26 ``watch`` leaves a pass, after its first few steps, to C iterators
+(probe/stamps.py). Against the Python loop before it, alternately in one harness (list
+of batches, training thread, blocks back to back): 0.09 and 0.29 us a step against 0.50
+and 0.58, the floor 0.10-0.12. What the publisher does with the clock readings is now
+the larger part: 0.61-0.65 us a step in a run at 30,000 steps/s, of it the wire rows
+0.40-0.42 (0.23 in a tight loop) and the garbage collections that their tuples trigger,
+which traverse the large young lists of the drain, 0.15 (gc callbacks, 300,000 steps).
+Rows that the collector does not track (a msgspec Struct with ``gc=False``) would save
+part of that; not tried.
 
-The publisher's drain and encode cost 0.29 us a step in the tight loop below and 0.5-0.7
-in a run, where each record was made on the other core up to 0.5 s before it is drained
-(per 1,000 steps in a run: drain 520-690 us, of it building the wire rows 380-400; encode
-48-69, send 67-90). Two ways to cut it were measured and not kept:
-
-* a ring of preallocated columns in place of a tuple per step: drained at 0.41 against
-  0.52-0.56 in a harness; the rows built for the encoder were most of it;
-* the watch loop making each wire row itself, the publisher sending the rows as they
-  come: the publisher fell to 320-340 us per 1,000 steps (0.26-0.30 us a step in the
-  pairs, against 0.70), but the training thread rose by 0.1 us in the tight loop and by
-  far more in a run: in one process, new and old alternately, 2.69, 1.67 and 1.99 us
-  against 0.51, 0.73 and 0.28 over the DataLoader, 2.32 and 2.14 against 1.44 and 1.63
-  over the list. The training thread is the one that matters: reverted.
+Two earlier ways to cut the publisher's work were measured and not kept (before the C
+iterators): a ring of preallocated columns in place of a tuple per step (0.41 against
+0.52-0.56 us a step in a harness), and the watch loop making each wire row itself (the
+publisher fell to 0.26-0.30 us a step, the training thread rose by 0.7-1.7 us in a run).
 
 The last section also profiles the probe's own parts in this process
 (CPU time of the calling thread, repeated): the training-thread path between real ~100 us
