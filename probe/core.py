@@ -27,14 +27,14 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
-from operator import call, itemgetter
+from operator import attrgetter, call
 from typing import Any, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
 from gputop_dl.probe import stack as stacks
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
-from gputop_dl.probe.protocol import MICROS, encode, encode_steps
+from gputop_dl.probe.protocol import MICROS, HostRow, WireRow, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
 from gputop_dl.probe.stamps import CHUNK_STEPS, Segment
 from gputop_dl.probe.version import __version__
@@ -108,12 +108,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
 _Raw = tuple[int, float, float, float, Any, Any, Any]
-# A step record in its wire form (StepRecord field order, docs/protocol.md): durations
-# in integer microseconds, the end in microseconds after its batch's base time.
-# A shorter row takes the defaults of the missing trailing fields (docs/protocol.md):
-# host-timed rows end at `samples` (5 fields), or at `phases` (8).
-_Wire = tuple[Any, ...]
+# A step record in its wire form (StepRecord field order): durations in integer
+# microseconds, the end in microseconds after its batch's base time. Host-timed rows are
+# protocol.HostRow (5 fields), rows with device times or phases protocol.WireRow (9).
+_Wire = HostRow
 _US = float(MICROS)
+_row_index = attrgetter("index")
 
 
 class Phase:
@@ -643,8 +643,8 @@ class Probe:
                     period = flush_period(len(records) / max(elapsed, 1e-3))
                 if records:
                     published += len(records)
-                    last_end = base + records[-1][1] / _US
-                    periods.extend([r[2] for r in records[-PERIODS_KEPT:]])
+                    last_end = base + records[-1].end_us / _US
+                    periods.extend([r.period_us for r in records[-PERIODS_KEPT:]])
                     history.append((base, records))
                     kept = _trim_history(history, kept + len(records), time.time() - HISTORY_S)
                 if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
@@ -733,7 +733,7 @@ class Probe:
             b = st.base_for(min(ends))
             trunc = math.trunc
             rows: list[_Wire] = [
-                (
+                HostRow(
                     i,
                     trunc((tn - b) * _US + 0.5),
                     trunc((tn - t0) * _US + 0.5),
@@ -748,7 +748,9 @@ class Probe:
                 rows = _fixed(rows, fixes)
             self._count_drained(st, rows)
             if phases:  # named phases (rare): the rows run on to field 7
-                rows = [(*row, None, None, _phase_items(phases.pop(row[0], None))) for row in rows]
+                rows = [
+                    _with_phases(row, _phase_items(phases.pop(row.index, None))) for row in rows
+                ]
                 _forget_before(phases, st.next_index)
             return b + wall_offset, rows
         now = time.monotonic()
@@ -776,7 +778,7 @@ class Probe:
             pending.popleft()
             st.ev_end, st.t_end, st.period = ev_end, t_next, t_next - t0
             out.append(
-                (
+                WireRow(
                     index,
                     _us(t_next - b),
                     _us(t_next - t0),
@@ -794,7 +796,7 @@ class Probe:
             out = _fixed(out, fixes)
         self._count_drained(st, out)
         if out:
-            _forget_before(phases, out[-1][0])
+            _forget_before(phases, out[-1].index)
         return b + wall_offset, out
 
     def _segment_spans(self) -> list[tuple[Segment, int]]:
@@ -825,7 +827,7 @@ class Probe:
         for segment, upto in spans:
             merged += segment.rows(base_ns, upto)
         if rows:  # steps of a pass's Python-timed start and of segments: sort by index
-            merged.sort(key=itemgetter(0))
+            merged.sort(key=_row_index)
         return merged
 
     @staticmethod
@@ -834,8 +836,8 @@ class Probe:
             # The buffers drop their oldest steps when full: gaps in the indices (rows
             # are in order, each index once; a pass's Python-timed start, drained from
             # the other buffer, may sit before a gap).
-            st.dropped_steps += max(0, rows[-1][0] + 1 - st.next_index - len(rows))
-            st.next_index = rows[-1][0] + 1
+            st.dropped_steps += max(0, rows[-1].index + 1 - st.next_index - len(rows))
+            st.next_index = rows[-1].index + 1
             fixes = st.count_fixes
             if fixes:  # those of steps that will never be published (a break)
                 for stale in [i for i in fixes if i < st.next_index]:
@@ -867,8 +869,17 @@ class _DrainState:
 
 def _fixed(rows: list[_Wire], fixes: dict[int, int | None]) -> list[_Wire]:
     """``rows`` with the counts ``probe.step(samples)`` gave inside a C-timed loop."""
-    get = fixes.pop
-    return [row if row[0] not in fixes else (*row[:4], get(row[0]), *row[5:]) for row in rows]
+    for row in rows:  # made in this drain: nothing else holds them yet
+        if row.index in fixes:
+            row.samples = fixes.pop(row.index)
+    return rows
+
+
+def _with_phases(row: HostRow, phases: tuple[tuple[str, int], ...]) -> WireRow:
+    """A host-timed ``row`` carrying named phases (a row of all nine fields)."""
+    return WireRow(
+        row.index, row.end_us, row.period_us, row.wait_us, row.samples, None, None, phases
+    )
 
 
 def _us(seconds: float) -> int:
@@ -912,7 +923,7 @@ def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon:
     oldest batches first; return the rows left."""
     while history:
         base, rows = history[0]
-        if base + rows[-1][1] / _US < horizon:
+        if base + rows[-1].end_us / _US < horizon:
             history.popleft()
             kept -= len(rows)
         elif kept > HISTORY_MAX_STEPS:

@@ -115,6 +115,29 @@ class WireStep(msgspec.Struct, array_like=True, frozen=True, gc=False):
     device_caught_up: bool | None = None
 
 
+class HostRow(msgspec.Struct, array_like=True, gc=False):
+    """A host-timed step record as the probe encodes it: :class:`WireStep`'s first five
+    fields (the rest take their defaults). Not tracked by the garbage collector (numbers,
+    strings and tuples of them: no cycles): a fast run makes tens of thousands a second,
+    and as tuples their allocations set off collections that cost the publisher 0.13-0.16
+    us a step (bench/probe_overhead.py)."""
+
+    index: int
+    end_us: int
+    period_us: int
+    wait_us: int | None
+    samples: int | None
+
+
+class WireRow(HostRow, array_like=True, gc=False):
+    """A step record with device times or phases: all of :class:`WireStep`'s fields."""
+
+    device_us: int | None = None
+    device_idle_us: int | None = None
+    phases: tuple[tuple[str, int], ...] = ()
+    device_caught_up: bool | None = None
+
+
 class _WireSteps(msgspec.Struct):
     source_id: Str
     base_time: Time
@@ -237,7 +260,7 @@ def _encode_steps_message(message: Steps) -> list[bytes]:
 def encode_steps(
     source_id: str,
     base_time: float,
-    records: Sequence[Sequence[Any]],
+    records: Sequence[Any],
     sent: int,
     dropped: int,
     dropped_steps: int,
@@ -449,11 +472,13 @@ __all__ = [
     "PLAUSIBLE_SAMPLES",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
+    "HostRow",
     "IncompatibleVersion",
     "MalformedMessage",
     "ProtocolError",
     "StepRows",
     "UnknownKind",
+    "WireRow",
     "WireStep",
     "decode",
     "encode",

@@ -21,6 +21,8 @@ from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
+from gputop_dl.probe.protocol import HostRow
+
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
 CHUNK_STEPS = 1024
@@ -79,7 +81,7 @@ class Segment:
         counted = map(self.counts.append, map(count, looked))
         return map(_batch, zip(gate, clock, batches, clock, counted, strict=False))
 
-    def rows(self, base_ns: int, upto: int) -> list[tuple[Any, ...]]:
+    def rows(self, base_ns: int, upto: int) -> list[HostRow]:
         """Wire rows (index, end, period, data wait, samples) of steps ``taken`` to
         ``upto`` (complete ones), ends in microseconds after ``base_ns``; marks them taken.
 
@@ -111,12 +113,12 @@ class Segment:
                 counts = [None] * len(counts)
         first = self.first + start
         return list(
-            zip(
+            map(
+                HostRow,
                 range(first, first + len(ends)),
                 ends,
                 map(sub, ends, starts),
                 map(sub, us[1::2], starts),
                 counts,
-                strict=True,
             )
         )

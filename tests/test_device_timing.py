@@ -124,7 +124,7 @@ def test_incomplete_events_hold_records_back_without_blocking(
     assert p._drain(state, 0.0, force=False)[1] == []  # device still busy
     assert len(state.pending) == 3 and device.syncs == 0
     device.host(1.0)
-    assert [w[0] for w in p._drain(state, 0.0, force=False)[1]] == [0, 1, 2]
+    assert [w.index for w in p._drain(state, 0.0, force=False)[1]] == [0, 1, 2]
 
 
 CAUGHT_UP = [

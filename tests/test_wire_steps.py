@@ -12,14 +12,14 @@ import pytest
 from gputop_dl.probe import core
 from gputop_dl.probe.core import _by_base, _DrainState, _trim_history
 from gputop_dl.probe.messages import Steps
-from gputop_dl.probe.protocol import decode, encode_steps
+from gputop_dl.probe.protocol import WireRow, decode, encode_steps
 from tests.test_probe import attached, tcp_probe
 
 US = 1_000_000
 
 
-def row(index: int, end_us: int) -> tuple[object, ...]:
-    return (index, end_us, 1000, 100, 32, None, None, (), None)
+def row(index: int, end_us: int) -> WireRow:
+    return WireRow(index, end_us, 1000, 100, 32)
 
 
 @pytest.mark.parametrize(
@@ -62,24 +62,24 @@ def test_history_trims_by_age_then_by_count(
     left: list[int],
 ) -> None:
     monkeypatch.setattr(core, "HISTORY_MAX_STEPS", max_rows)
-    history: deque[tuple[float, list[tuple[object, ...]]]] = deque()
+    history: deque[tuple[float, list[WireRow]]] = deque()
     index = 0
     for base, ends in batches:
         rows = []
         for end in ends:
             rows.append(row(index, round(end * US)))
             index += 1
-        history.append((base, rows))  # type: ignore[arg-type]
-    kept = _trim_history(history, index, horizon)  # type: ignore[arg-type]
+        history.append((base, rows))
+    kept = _trim_history(history, index, horizon)
     assert [len(rows) for _, rows in history] == left
     assert kept == sum(left)
     if history:  # the newest rows stay, the oldest go
-        assert history[-1][1][-1][0] == index - 1
+        assert history[-1][1][-1].index == index - 1
 
 
 def test_replay_groups_batches_by_base_without_touching_a_row() -> None:
     history = deque([(5.0, [row(0, 0)]), (5.0, [row(1, 10)]), (9.0, [row(2, 0)])])
-    groups = _by_base(history)  # type: ignore[arg-type]
+    groups = _by_base(history)
     assert groups == [(5.0, [row(0, 0), row(1, 10)]), (9.0, [row(2, 0)])]
     assert history[0][1] == [row(0, 0)]  # the stored batch itself is not extended
 
