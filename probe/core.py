@@ -747,7 +747,7 @@ class Probe:
             if fixes:
                 rows = _fixed(rows, fixes)
             self._count_drained(st, rows)
-            if phases:  # named phases (rare): the rows run on to field 7
+            if phases:  # named phases (rare): such rows carry all nine fields
                 rows = [
                     _with_phases(row, _phase_items(phases.pop(row.index, None))) for row in rows
                 ]
