@@ -85,8 +85,8 @@ class Segment:
         """Wire rows (index, end, period, data wait, samples) of steps ``taken`` to
         ``upto`` (complete ones), ends in microseconds after ``base_ns``; marks them taken.
 
-        Every reading is rounded to a microsecond once, so each period is its end minus
-        the previous end exactly (as a row made of rounded durations is to within 1 us).
+        Every reading is rounded to a microsecond once and durations are differences of
+        rounded readings: within 1 us of the rounded duration, as the wire allows.
         """
         start = self.taken
         self.taken = upto
