@@ -299,3 +299,37 @@ def test_the_publishers_rows_are_not_tracked_by_the_collector_and_keep_five_fiel
     assert not any(gc.is_tracked(row) for row in rows)
     # An unknown count is sent as nil: viewers need the first five fields of every row.
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(rows[1])) == [1, 30, 20, 3, None]
+
+
+def test_an_iterator_that_copies_itself_is_never_read_twice(p: probe.Probe) -> None:
+    class Cursor:
+        """An iterator with __copy__ (an independent cursor): itertools.tee copies such
+        iterators instead of sharing one, so counting in C would fetch every batch twice."""
+
+        fetched = 0
+
+        def __init__(self, start: int = 0) -> None:
+            self.at = start
+
+        def __iter__(self) -> Cursor:
+            return self
+
+        def __next__(self) -> np.ndarray:
+            if self.at >= 40:
+                raise StopIteration
+            Cursor.fetched += 1
+            self.at += 1
+            return np.zeros((4, 1))
+
+        def __copy__(self) -> Cursor:
+            return Cursor(self.at)
+
+    class Loader:
+        def __iter__(self) -> Cursor:
+            return Cursor()
+
+    reader = attached(p)
+    assert sum(1 for _ in p.watch(Loader())) == 40
+    assert Cursor.fetched == 40
+    rows = published(p, reader)
+    assert [r["samples"] for r in rows] == [4] * 40
