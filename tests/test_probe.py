@@ -566,11 +566,14 @@ def test_a_full_history_reaches_a_late_subscriber_whole() -> None:
     reader = WireReader(p.endpoint or "")
     expected = set(range(total - HISTORY_MAX_STEPS, total))
     seen: set[int] = set()
+    samples = 0
     deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and not expected <= seen:
+    # Until the whole replay is in: its node samples come after the steps, so stopping at
+    # the last step could leave them unread (a race of the test, not a loss).
+    while time.monotonic() < deadline and not (expected <= seen and samples >= HISTORY_SYSTEMS):
         reader.pump(0.1)
         seen = {r["index"] for r in reader.steps()}
-    samples = len(reader.of_kind("system"))
+        samples = len(reader.of_kind("system"))
     p.close()
     reader.close()
     missing = len(expected - seen)
