@@ -358,7 +358,7 @@ def components() -> None:
 
     def publisher() -> None:
         # What watch's fast path leaves for the publisher: clock readings 30 us apart.
-        segment = Segment(0, 0, (32, n, 32), counted=False)
+        segment = Segment(0, 0, (32, n, 32))
         t_ns = time.perf_counter_ns()
         segment.stamps.extend(range(t_ns, t_ns + 30_000 * (2 * n + 1), 30_000))
         segment.steps = n

@@ -50,15 +50,13 @@ class Segment:
         "taken",
     )
 
-    def __init__(
-        self, first: int, position: int, plan: tuple[int, int, int] | None, counted: bool
-    ) -> None:
+    def __init__(self, first: int, position: int, plan: tuple[int, int, int] | None) -> None:
         self.first = first  # the step index of its first step
         self.position = position  # the batch position of its first step in the pass
         # The pass's counts known in advance (loader.batch_plan): `full` samples before
         # position `known`, `last` at it; None: `counts` holds one count per step.
         self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
-        self.counts: list[int | None] | None = [] if counted else None
+        self.counts: list[int | None] | None = [] if plan is None else None
         self.stamps: list[int] = []  # perf_counter_ns readings: t0, t1 of each step
         # The chain takes one item of this list per step: clearing it stops the chain
         # before its next clock reading (a loop entered inside this one: Probe).
@@ -70,12 +68,12 @@ class Segment:
         """Steps whose three readings are in (a step's end is the next one's start)."""
         return (len(self.stamps) - 1) // 2 if self.stamps else 0
 
-    def timed(self, iterator: Iterator[Any], count: Callable[[Any], int | None] | None) -> Any:
-        """``iterator``'s batches, each fetch between two clock readings; with ``count``
-        (total: it never raises) each batch's samples counted after the second one."""
+    def timed(self, iterator: Iterator[Any], count: Callable[[Any], int | None]) -> Any:
+        """``iterator``'s batches, each fetch between two clock readings; without a plan,
+        each batch's samples counted by ``count`` (total: it never raises) after the second."""
         clock = map(self.stamps.append, starmap(perf_counter_ns, repeat(())))
         gate = iter(self.gate)
-        if count is None or self.counts is None:
+        if self.counts is None:
             return map(_batch, zip(gate, clock, iterator, clock, strict=False))
         batches, looked = tee(iterator)
         counted = map(self.counts.append, map(count, looked))
@@ -109,7 +107,7 @@ class Segment:
             if 0 <= last_at < len(counts):
                 counts[last_at] = self.last
                 counts[last_at + 1 :] = [None] * (len(counts) - last_at - 1)  # past the plan
-            elif last_at < 0 and self.known >= 0:
+            elif last_at < 0:
                 counts = [None] * len(counts)
         first = self.first + start
         return list(

@@ -176,13 +176,11 @@ class Watched(Generic[T]):
                 else:
                     return  # exhausted in the loop above
                 position += 1
-                counted = known < 0
+                settled_plan = plan if known >= 0 else None  # None: each batch counted
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
-                    segment = Segment(
-                        probe._index, position, plan if not counted else None, counted
-                    )
+                    segment = Segment(probe._index, position, settled_plan)
                     probe._begin_segment(segment)
-                    yield from segment.timed(iterator, count if counted else None)
+                    yield from segment.timed(iterator, count)
                     position += len(segment.stamps) // 2  # the batches it passed on
                     if probe._end_segment(segment):
                         return  # exhausted (odd readings: the last found the loader empty)

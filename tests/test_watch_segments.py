@@ -8,7 +8,6 @@ that a pass crosses many of them.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from gputop_dl import probe
 from gputop_dl.probe import stamps
 from gputop_dl.probe.protocol import HostRow
 from gputop_dl.probe.stamps import Segment
+from tests.test_probe import attached, tcp_probe
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
@@ -35,26 +35,12 @@ def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stamps, "CHUNK_STEPS", CHUNK)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def p() -> Iterator[probe.Probe]:
-    live = probe.Probe(
-        name="segments", listen=f"tcp://127.0.0.1:{free_port()}", system_interval_s=0
-    )
+    live = tcp_probe("segments", system_interval_s=0)
     assert live.enabled, live.error
     yield live
     live.close()
-
-
-def attached(p: probe.Probe) -> WireReader:
-    reader = WireReader(p.endpoint or "")
-    reader.pump(2.0, until="hello")
-    return reader
 
 
 def published(p: probe.Probe, reader: WireReader) -> list[dict[str, Any]]:
@@ -82,7 +68,7 @@ def segment(
     position: int = 0,
     first: int = 0,
 ) -> Segment:
-    seg = Segment(first, position, plan, counted=plan is None)
+    seg = Segment(first, position, plan)
     seg.stamps.extend(t * 1000 for t in stamps_us)
     if counts is not None:
         assert seg.counts is not None
