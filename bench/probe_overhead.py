@@ -81,7 +81,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from gputop_dl.probe.core import Probe, _DrainState
+from gputop_dl.probe.core import RECORDS_PER_MESSAGE, Probe, _DrainState
+from gputop_dl.probe.history import messages
 from gputop_dl.probe.loader import sample_counter
 from gputop_dl.probe.protocol import encode_steps
 from gputop_dl.probe.stamps import Segment
@@ -365,9 +366,10 @@ def components() -> None:
         p._segments.clear()
         p._segments.append(segment)
         c0 = time.thread_time()
-        base, records = p._drain(_DrainState(), 0.0, force=False)
-        for i in range(0, n, 2000):
-            encode_steps("host:1", base, records[i : i + 2000], 0, 0, 0)
+        batch = p._drain(_DrainState(), 0.0, force=False)
+        assert batch is not None
+        for m in messages([batch], RECORDS_PER_MESSAGE):
+            encode_steps("host:1", m.base, m.rows, 0, 0, 0, m.runs, m.clock_ns)
         # the readings above are the training thread's work: keep them out of the figure
         publisher_s.append(time.thread_time() - c0)
 

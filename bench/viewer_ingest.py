@@ -8,7 +8,10 @@ reports CPU time (process_time: all threads) per step: the whole pass less the t
 (the clock is read around the pass and each tick, not around each message: a read costs
 ~0.7 us here), a pass that only decodes, a pass without the node samples (their cost
 grows with the node's cores, not with the step rate) and a pass decoding only those.
-Prints median and spread over the repeats, interleaved.
+Prints median and spread over the repeats, interleaved. The same steps host-timed (no
+device time), as a ``watch`` loop's probe sends them once settled: runs of clock
+readings (docs/protocol.md, "StepRun"), which the decoder makes into rows; and as
+records, for comparison.
 Goal: decode + state <= 2 us per step.
 
 Uses only encode/decode and keyword construction of the messages, so it runs unchanged
@@ -26,7 +29,7 @@ import time
 
 from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
-from gputop_dl.probe.protocol import decode, encode
+from gputop_dl.probe.protocol import HostRun, decode, encode, encode_steps
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.tui.events import Received
 from gputop_dl.tui.state import ViewerState
@@ -41,8 +44,9 @@ T0 = 1_700_000_000.0
 SID = "bench-host:4242"
 
 
-def frames() -> list[tuple[float, list[bytes], int]]:
-    """(arrival time, frames, step records in it), in arrival order."""
+def frames(steps_as: str = "cuda") -> list[tuple[float, list[bytes], int]]:
+    """(arrival time, frames, step records in it), in arrival order; steps CUDA-timed
+    records, or host-timed as ``"records"`` or ``"runs"``."""
     out: list[tuple[float, list[bytes], int]] = []
     hello = Hello(
         source_id=SID,
@@ -59,6 +63,7 @@ def frames() -> list[tuple[float, list[bytes], int]]:
     index = 0
     for flush in range(round(SECONDS / FLUSH_S)):
         records = []
+        first = index + 1
         for _ in range(per_flush):
             index += 1
             records.append(
@@ -68,13 +73,21 @@ def frames() -> list[tuple[float, list[bytes], int]]:
                     period_s=period,
                     wait_s=period * 0.3,
                     samples=64,
-                    device_s=period * 0.6,
-                    device_idle_s=period * 0.3,
+                    device_s=period * 0.6 if steps_as == "cuda" else None,
+                    device_idle_s=period * 0.3 if steps_as == "cuda" else None,
                 )
             )
         at = T0 + (flush + 1) * FLUSH_S
-        message = Steps(source_id=SID, records=tuple(records), sent=flush, dropped=0)
-        out.append((at + 0.001, encode(message), per_flush))
+        if steps_as == "runs":  # readings in ns of a clock that read 0 at T0
+            readings = [round((first - 1) * period * 1e9)]
+            for r in records:
+                end_ns = round((r.end_time - T0) * 1e9)
+                readings += [end_ns - round((r.period_s - r.wait_s) * 1e9), end_ns]  # type: ignore[operator]
+            run = HostRun(first, readings, [64] * per_flush)
+            encoded = encode_steps(SID, T0, [], flush, 0, 0, [run], 0)
+        else:
+            encoded = encode(Steps(source_id=SID, records=tuple(records), sent=flush, dropped=0))
+        out.append((at + 0.001, encoded, per_flush))
         if flush % round(1 / FLUSH_S) == 0:
             cores = tuple(CpuCore(c, 20.0, 5.0, 0.0, 0.0, 75.0) for c in range(64))
             sample = SystemSample(
@@ -176,6 +189,17 @@ def main() -> None:
     show("  64-core node sample, 1 Hz", system_us, "us")
     show("    of which its decode", system_decode_us, "us")
     show("state.tick (2 Hz, 1 run)", tick_ms, "ms")
+    host: dict[str, list[float]] = {"records": [], "runs": []}
+    host_decode: dict[str, list[float]] = {"records": [], "runs": []}
+    streams = {kind: frames(kind) for kind in host}
+    for _ in range(REPEATS):
+        for kind, kind_stream in streams.items():
+            ingest_s, _tick_s, steps, _ticks = run_once(kind_stream)
+            host[kind].append(1e6 * ingest_s / steps)
+            host_decode[kind].append(1e6 * decode_once(kind_stream) / steps)
+    for kind in host:
+        show(f"host-timed steps as {kind}", host[kind], "us")
+        show("  decode", host_decode[kind], "us")
     print(f"this machine: the reference step (1,200 Python additions) {reference_us():.1f} us")
     print("goal: ingest <= 2 us per step; the tick (summaries, verdict once a second) is per")
     print("      refresh, not per step: at 2 Hz, 1 ms a tick is 0.2 % of a core")

@@ -46,9 +46,10 @@ def probe_rows(records: tuple[StepRecord, ...]) -> tuple[float, list[Any]]:
         t0 = r.end_time - r.period_s
         t1 = -1.0 if r.wait_s is None else t0 + r.wait_s
         p._steps.append((r.index, t0, t1, r.end_time, r.samples, None, None))
-    base, rows = p._drain(_DrainState(), 0.0, force=True)
+    batch = p._drain(_DrainState(), 0.0, force=True)
     p.close()
-    return base, rows
+    assert batch is not None
+    return batch.base, list(batch.rows)
 
 
 def main() -> None:

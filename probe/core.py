@@ -33,6 +33,9 @@ from typing import Any, TypeVar
 from gputop_dl.probe import discovery, jobenv
 from gputop_dl.probe import stack as stacks
 from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_device
+from gputop_dl.probe.history import Batch
+from gputop_dl.probe.history import messages as history_messages
+from gputop_dl.probe.history import trim as trim_history
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, HostRow, WireRow, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
@@ -577,9 +580,8 @@ class Probe:
         counters = [0, 0]  # sent, dropped
         wall_offset = time.time() - time.perf_counter()
         drain = _DrainState()
-        # (base Unix time, wire rows) per drain: the rows' ends are relative to the base.
-        history: deque[tuple[float, list[_Wire]]] = deque()
-        kept = 0  # rows in history
+        history: deque[Batch] = deque()  # one batch per drain
+        kept = 0  # steps in history
         systems: deque[list[bytes]] = deque(maxlen=HISTORY_SYSTEMS)
         last_hello = last_extra_hello = 0.0
         last_replay = -REPLAY_MIN_INTERVAL_S
@@ -610,11 +612,21 @@ class Probe:
                 return
             send(frames)
 
-        def send_steps(base: float, records: list[_Wire]) -> None:
-            for i in range(0, len(records), RECORDS_PER_MESSAGE):
-                chunk = records[i : i + RECORDS_PER_MESSAGE]
+        def send_steps(batches: Iterable[Batch]) -> None:
+            for m in history_messages(batches, RECORDS_PER_MESSAGE):
                 sent, dropped = counters
-                send(encode_steps(self.source_id, base, chunk, sent, dropped, drain.dropped_steps))
+                send(
+                    encode_steps(
+                        self.source_id,
+                        m.base,
+                        m.rows,
+                        sent,
+                        dropped,
+                        drain.dropped_steps,
+                        m.runs,
+                        m.clock_ns,
+                    )
+                )
 
         def send_hello() -> None:
             typical = statistics.median(periods) / _US if periods else None
@@ -633,20 +645,22 @@ class Probe:
                     if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
                         last_extra_hello = now
                         self._hello_dirty.set()
-                base, records = self._drain(drain, wall_offset, force=stopping)
-                busy = bool(records or drain.pending or self._steps)
-                if not busy:
+                batch = self._drain(drain, wall_offset, force=stopping)
+                steps = 0 if batch is None else batch.steps
+                if not (steps or drain.pending or self._steps):
                     period = IDLE_FLUSH_S
                 elif self._flush_interval_s is not None:
                     period = self._flush_interval_s
                 else:
-                    period = flush_period(len(records) / max(elapsed, 1e-3))
-                if records:
-                    published += len(records)
-                    last_end = base + records[-1].end_us / _US
-                    periods.extend([r.period_us for r in records[-PERIODS_KEPT:]])
-                    history.append((base, records))
-                    kept = _trim_history(history, kept + len(records), time.time() - HISTORY_S)
+                    period = flush_period(steps / max(elapsed, 1e-3))
+                if batch is not None:
+                    published += steps
+                    last_end = batch.last_end
+                    periods.extend(batch.periods_us(PERIODS_KEPT))
+                    history.append(batch)
+                    kept = trim_history(
+                        history, kept + steps, time.time() - HISTORY_S, HISTORY_MAX_STEPS
+                    )
                 if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
                     self._hello_dirty.clear()
                     if self._device is None:
@@ -656,8 +670,8 @@ class Probe:
                 while self._loop_events:
                     state, t, index, how = self._loop_events.popleft()
                     send_message(Loop(self.source_id, state, t, index, how))
-                if records:
-                    send_steps(base, records)
+                if batch is not None:
+                    send_steps((batch,))
                     stack_frames = None  # a step ended: the stall (if any) is over
                 stalled = stall_watch.due(
                     time.time(),
@@ -688,8 +702,7 @@ class Probe:
                     # The steps first: the late viewer's graph and verdict are made of
                     # them (the samples fill in its node panels' history).
                     replay_due, last_replay = False, now
-                    for base_time, rows in _by_base(history):
-                        send_steps(base_time, rows)
+                    send_steps(history)
                     for frames in list(systems):
                         send(frames)
                     if stack_frames is not None:
@@ -705,9 +718,9 @@ class Probe:
         time.sleep(0.05)
         pub.close()
 
-    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> tuple[float, list[_Wire]]:
-        """Turn what the training thread queued into wire records (publisher thread):
-        (base Unix time, rows whose ends are microseconds after it)."""
+    def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> Batch | None:
+        """Turn what the training thread queued into wire steps (publisher thread): the
+        C-timed steps as runs when nothing else came, else everything as rows."""
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
         raws = list(map(call, repeat(self._steps.popleft, len(self._steps))))
         spans = self._segment_spans()
@@ -724,13 +737,20 @@ class Probe:
         timer = self._timer
         if timer is None and not st.pending:
             if not raws and not spans:
-                return 0.0, []
+                return None
             ends = [raws[0][3]] if raws else []
             ends += [segment.stamps[2 * segment.taken + 2] / 1e9 for segment, _ in spans]
+            b = st.base_for(min(ends))
+            base_ns = round(b * 1e9)
+            if not (raws or fixes or phases):
+                # Only C-timed steps: sent as the readings and counts they are.
+                runs = [segment.run(upto) for segment, upto in spans]
+                batch = Batch(b + wall_offset, runs=runs, clock_ns=base_ns)
+                self._count_drained(st, batch)
+                return batch
             # Host timing: one comprehension over the raw tuples, nothing else per step.
             # Times are perf_counter readings: durations >= 0, ends >= the first end, so
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
-            b = st.base_for(min(ends))
             trunc = math.trunc
             rows: list[_Wire] = [
                 HostRow(
@@ -743,16 +763,14 @@ class Probe:
                 for i, t0, t1, tn, n, _s, _e in raws
             ]
             if spans:
-                rows = self._segment_rows(rows, spans, b)
+                rows = self._segment_rows(rows, spans, base_ns)
             if fixes:
                 rows = _fixed(rows, fixes)
-            self._count_drained(st, rows)
             if phases:  # named phases (rare): such rows carry all nine fields
                 rows = [
                     _with_phases(row, _phase_items(phases.pop(row.index, None))) for row in rows
                 ]
-                _forget_before(phases, st.next_index)
-            return b + wall_offset, rows
+            return self._rows_batch(st, b + wall_offset, base_ns, rows)
         now = time.monotonic()
         pending = st.pending
         pending.extend((raw, now) for raw in raws)
@@ -791,13 +809,20 @@ class Probe:
                 )
             )
         if spans and not pending:  # CUDA events just failed: the rest is host-timed
-            out = self._segment_rows(out, spans, b)
+            out = self._segment_rows(out, spans, round(b * 1e9))
         if fixes:
             out = _fixed(out, fixes)
-        self._count_drained(st, out)
-        if out:
-            _forget_before(phases, out[-1].index)
-        return b + wall_offset, out
+        return self._rows_batch(st, b + wall_offset, round(b * 1e9), out)
+
+    def _rows_batch(
+        self, st: _DrainState, base: float, base_ns: int, rows: list[_Wire]
+    ) -> Batch | None:
+        if not rows:
+            return None
+        batch = Batch(base, rows, clock_ns=base_ns)
+        self._count_drained(st, batch)
+        _forget_before(st.phases, st.next_index)
+        return batch
 
     def _segment_spans(self) -> list[tuple[Segment, int]]:
         """(segment, steps complete in it) for segments with steps not yet published;
@@ -819,10 +844,9 @@ class Probe:
 
     @staticmethod
     def _segment_rows(
-        rows: list[_Wire], spans: list[tuple[Segment, int]], base: float
+        rows: list[_Wire], spans: list[tuple[Segment, int]], base_ns: int
     ) -> list[_Wire]:
         """``rows`` and the spans' rows, in step order."""
-        base_ns = round(base * 1e9)
         merged = list(rows)
         for segment, upto in spans:
             merged += segment.rows(base_ns, upto)
@@ -831,17 +855,17 @@ class Probe:
         return merged
 
     @staticmethod
-    def _count_drained(st: _DrainState, rows: list[_Wire]) -> None:
-        if rows:
-            # The buffers drop their oldest steps when full: gaps in the indices (rows
-            # are in order, each index once; a pass's Python-timed start, drained from
-            # the other buffer, may sit before a gap).
-            st.dropped_steps += max(0, rows[-1].index + 1 - st.next_index - len(rows))
-            st.next_index = rows[-1].index + 1
-            fixes = st.count_fixes
-            if fixes:  # those of steps that will never be published (a break)
-                for stale in [i for i in fixes if i < st.next_index]:
-                    del fixes[stale]
+    def _count_drained(st: _DrainState, batch: Batch) -> None:
+        # The buffers drop their oldest steps when full: gaps in the indices (steps are
+        # in order, each index once; a pass's Python-timed start, drained from the other
+        # buffer, may sit before a gap).
+        last = batch.last_index
+        st.dropped_steps += max(0, last + 1 - st.next_index - batch.steps)
+        st.next_index = last + 1
+        fixes = st.count_fixes
+        if fixes:  # those of steps that will never be published (a break)
+            for stale in [i for i in fixes if i < st.next_index]:
+                del fixes[stale]
 
 
 @dataclass
@@ -916,38 +940,6 @@ def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ..
         rest = sum(seconds for _, seconds in items[MAX_PHASES - 1 :])
         items[MAX_PHASES - 1 :] = [(OTHER_PHASES, rest)]
     return tuple([(str(name)[:MAX_STR], _us(s)) for name, s in items])
-
-
-def _trim_history(history: deque[tuple[float, list[_Wire]]], kept: int, horizon: float) -> int:
-    """Drop history older than ``horizon`` (Unix time) and beyond HISTORY_MAX_STEPS rows,
-    oldest batches first; return the rows left."""
-    while history:
-        base, rows = history[0]
-        if base + rows[-1].end_us / _US < horizon:
-            history.popleft()
-            kept -= len(rows)
-        elif kept > HISTORY_MAX_STEPS:
-            excess = kept - HISTORY_MAX_STEPS
-            if excess >= len(rows):
-                history.popleft()
-                kept -= len(rows)
-            else:
-                history[0] = (base, rows[excess:])
-                kept -= excess
-        else:
-            break
-    return kept
-
-
-def _by_base(history: deque[tuple[float, list[_Wire]]]) -> list[tuple[float, list[_Wire]]]:
-    """History rows grouped by their base (one group, unless an hour's epoch ended)."""
-    groups: list[tuple[float, list[_Wire]]] = []
-    for base, rows in history:
-        if groups and groups[-1][0] == base:
-            groups[-1][1].extend(rows)
-        else:
-            groups.append((base, list(rows)))
-    return groups
 
 
 def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:

@@ -10,7 +10,8 @@ else. Nothing is ever unpickled. See ``docs/protocol.md``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from operator import attrgetter
+from itertools import islice, repeat
+from operator import attrgetter, floordiv, le, sub
 from typing import Annotated, Any, overload
 
 import msgspec
@@ -26,7 +27,7 @@ from gputop_dl.probe.messages import (
     Steps,
     System,
 )
-from gputop_dl.probe.samples import Count, Str, Time
+from gputop_dl.probe.samples import MAX_COUNT, Count, Str, Time
 
 PROTOCOL_MAJOR = 2
 PROTOCOL_MINOR = 0
@@ -97,7 +98,10 @@ TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time
 # every fraction out (a writer sends integers; a whole float would be read the same).
 _Micros = Annotated[float, msgspec.Meta(ge=0, le=1e13, multiple_of=1)]
 _MAX_OFFSET_S = 1e7
+_MAX_END_US = 1e13
 _end_us = attrgetter("end_us")
+_index = attrgetter("index")
+_samples = attrgetter("samples")
 _phases = attrgetter("phases")
 
 
@@ -138,6 +142,29 @@ class WireRow(HostRow, array_like=True, gc=False):
     device_caught_up: bool | None = None
 
 
+class HostRun(msgspec.Struct, array_like=True, gc=False):
+    """Steps the probe timed in a row (docs/protocol.md, "StepRun"): the clock readings
+    as the training thread took them, in nanoseconds, and one count per step. The
+    publisher sends the lists as they are: no object and no arithmetic per step."""
+
+    first: int  # the index of its first step
+    readings: list[int]  # start, batch arrival of each step, then the last step's end
+    samples: list[int | None]
+
+
+# A run is checked as a whole by the decoder: its readings never go back, and there are
+# two per step and one more.
+_Reading = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+
+
+class WireRun(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    first: Count
+    readings: Annotated[
+        tuple[_Reading, ...], msgspec.Meta(min_length=3, max_length=2 * MAX_RECORDS + 1)
+    ]
+    samples: Annotated[tuple[Count | None, ...], msgspec.Meta(min_length=1, max_length=MAX_RECORDS)]
+
+
 class _WireSteps(msgspec.Struct):
     source_id: Str
     base_time: Time
@@ -145,6 +172,8 @@ class _WireSteps(msgspec.Struct):
     sent: Count
     dropped: Count
     dropped_steps: Count = 0
+    clock_ns: Count = 0  # the publisher's clock (runs' readings) at base_time
+    runs: Annotated[tuple[WireRun, ...], msgspec.Meta(max_length=MAX_RECORDS)] = ()
 
 
 # Plausible rows: within the limits a viewer applies to each record (tui.state.clean):
@@ -264,11 +293,14 @@ def encode_steps(
     sent: int,
     dropped: int,
     dropped_steps: int,
+    runs: Sequence[HostRun] = (),
+    clock_ns: int = 0,
 ) -> list[bytes]:
     """Frames of a ``steps`` message whose records are given in their wire form: arrays
     in StepRecord field order, times in integer microseconds, ends after ``base_time``
-    (see :func:`wire_rows`), so the publisher never builds record objects."""
-    body = {
+    (see :func:`wire_rows`), so the publisher never builds record objects; and ``runs``,
+    whose readings count from ``clock_ns`` at ``base_time``."""
+    body: dict[str, Any] = {
         "source_id": source_id,
         "base_time": base_time,
         "records": records,
@@ -276,6 +308,9 @@ def encode_steps(
         "dropped": dropped,
         "dropped_steps": dropped_steps,
     }
+    if runs:
+        body["clock_ns"] = clock_ns
+        body["runs"] = runs
     return [_TOPICS["steps"], _encoder.encode({"v": _VERSION, "kind": "steps", "body": body})]
 
 
@@ -345,6 +380,14 @@ def _decode(frames: Sequence[bytes]) -> Message:
 
 def _steps_from_wire(wire: _WireSteps, *, plausible: bool) -> Steps:
     base, rows = wire.base_time, wire.records
+    if wire.runs:
+        if len(rows) + sum(map(len, map(_samples, wire.runs))) > MAX_RECORDS:
+            raise MalformedMessage(f"steps: more than {MAX_RECORDS} steps in one message")
+        run_rows, plausible_runs = _rows_of_runs(wire.clock_ns, wire.runs)
+        plausible = plausible and plausible_runs
+        # Each in index order: records and runs interleave only around a pass's first
+        # steps (timed in Python by the probe), so merging by index is rare.
+        rows = tuple(sorted(rows + run_rows, key=_index) if rows else run_rows)
     # An offset is at most 1e7 s: only a base that close to the limit needs a look at each.
     if (
         base > TIME_MAX - _MAX_OFFSET_S
@@ -354,6 +397,38 @@ def _steps_from_wire(wire: _WireSteps, *, plausible: bool) -> Steps:
         raise MalformedMessage("steps: a record ends after the year 2286")
     records = StepRows(base, rows, plausible=plausible)
     return Steps(wire.source_id, records, wire.sent, wire.dropped, wire.dropped_steps)
+
+
+def _rows_of_runs(clock_ns: int, runs: tuple[WireRun, ...]) -> tuple[tuple[WireStep, ...], bool]:
+    """The runs' steps as the rows a probe would have sent (each reading rounded to the
+    nearest microsecond once, durations differences of rounded readings), and whether
+    all are plausible (durations and counts within the viewer's limits)."""
+    rows: list[WireStep] = []
+    plausible = True
+    offset = clock_ns - 500  # a reading r is (r - clock_ns + 500) // 1000 us after base
+    for run in runs:
+        readings, samples = run.readings, run.samples
+        steps = len(samples)
+        if len(readings) != 2 * steps + 1:
+            raise MalformedMessage(
+                f"steps: a run of {steps} steps has {len(readings)} readings, not {2 * steps + 1}"
+            )
+        if not all(map(le, readings, islice(readings, 1, None))):
+            raise MalformedMessage("steps: a run's clock readings go back")
+        us = list(map(floordiv, map(sub, readings, repeat(offset)), repeat(1000.0)))
+        starts, ends = us[0:-1:2], us[2::2]
+        if ends[0] < 0 or ends[-1] > _MAX_END_US:
+            raise MalformedMessage("steps: a run's step ends outside [0, 1e13] us after base")
+        periods = list(map(sub, ends, starts))
+        counts = [n for n in samples if n is not None]
+        if max(periods) > PLAUSIBLE_DURATION_S * MICROS or (
+            counts and max(counts) > PLAUSIBLE_SAMPLES
+        ):
+            plausible = False
+        first = run.first
+        waits = map(sub, us[1::2], starts)
+        rows += map(WireStep, range(first, first + steps), ends, periods, waits, samples)
+    return tuple(rows), plausible
 
 
 class StepRows(Sequence[StepRecord]):
@@ -473,12 +548,14 @@ __all__ = [
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
     "HostRow",
+    "HostRun",
     "IncompatibleVersion",
     "MalformedMessage",
     "ProtocolError",
     "StepRows",
     "UnknownKind",
     "WireRow",
+    "WireRun",
     "WireStep",
     "decode",
     "encode",

@@ -1,4 +1,4 @@
-"""Steps timed with no Python per step: the watch loop's fast path and its wire rows.
+"""Steps timed with no Python per step: the watch loop's fast path and its wire runs.
 
 Once a pass's timing and counts are settled (host clock, counts known or counted by the
 probe's own counter), ``watch`` hands the loop to a chain of C iterators: per step they
@@ -10,7 +10,8 @@ A :class:`Segment` is one run of that chain, at most CHUNK_STEPS steps: its read
 alternate ``t0, t1`` per step, and a step's end is the next step's ``t0``, so with
 ``len(stamps) == 2k + 1`` the first k steps are complete. The training thread only appends;
 the publisher thread reads complete steps by position (never mutating the list) and
-turns them into wire rows column by column, in C loops as well.
+sends them as they are, a wire *run* (docs/protocol.md): a slice of the readings and a
+list of counts; or, when a drain sends rows anyway, as wire rows made column by column.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
-from gputop_dl.probe.protocol import HostRow
+from gputop_dl.probe.protocol import HostRow, HostRun
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
@@ -79,12 +80,22 @@ class Segment:
         counted = map(self.counts.append, map(count, looked))
         return map(_batch, zip(gate, clock, batches, clock, counted, strict=False))
 
+    def run(self, upto: int) -> HostRun:
+        """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings
+        and counts as they are, no arithmetic per step; marks them taken."""
+        start = self.taken
+        self.taken = upto
+        return HostRun(
+            self.first + start, self.stamps[2 * start : 2 * upto + 1], self._counts(start, upto)
+        )
+
     def rows(self, base_ns: int, upto: int) -> list[HostRow]:
         """Wire rows (index, end, period, data wait, samples) of steps ``taken`` to
         ``upto`` (complete ones), ends in microseconds after ``base_ns``; marks them taken.
+        For a drain that sends rows anyway (a pass's Python-timed start, phases).
 
         Every reading is rounded to a microsecond once and durations are differences of
-        rounded readings: within 1 us of the rounded duration, as the wire allows.
+        rounded readings, as a reader rounds a run's readings (protocol.WireRun).
         """
         start = self.taken
         self.taken = upto
@@ -97,18 +108,7 @@ class Segment:
         )
         ends = us[2::2]
         starts = us[0:-1:2]
-        position = self.position + start
-        counts: Any
-        if self.counts is not None:
-            counts = self.counts[start:upto]
-        else:
-            counts = [self.full] * (upto - start)
-            last_at = self.known - position
-            if 0 <= last_at < len(counts):
-                counts[last_at] = self.last
-                counts[last_at + 1 :] = [None] * (len(counts) - last_at - 1)  # past the plan
-            elif last_at < 0:
-                counts = [None] * len(counts)
+        counts = self._counts(start, upto)
         first = self.first + start
         return list(
             map(
@@ -120,3 +120,16 @@ class Segment:
                 counts,
             )
         )
+
+    def _counts(self, start: int, upto: int) -> list[int | None]:
+        """The counts of its steps ``start`` to ``upto``: counted, or from the plan."""
+        if self.counts is not None:
+            return self.counts[start:upto]
+        counts: list[int | None] = [self.full] * (upto - start)
+        last_at = self.known - (self.position + start)
+        if 0 <= last_at < len(counts):
+            counts[last_at] = self.last
+            counts[last_at + 1 :] = [None] * (len(counts) - last_at - 1)  # past the plan
+        elif last_at < 0:
+            counts = [None] * len(counts)
+        return counts

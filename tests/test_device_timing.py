@@ -37,9 +37,9 @@ def run_steps(
         work(device)
         p._close_step(device.now)
     device.host(10.0)  # long after: every event has completed
-    base, rows = p._drain(_DrainState(), 0.0, force=False)
-    assert device.syncs == 0  # the probe never synchronizes
-    message = decode(encode_steps("sim", base, rows, 0, 0, 0))  # as a viewer reads them
+    batch = p._drain(_DrainState(), 0.0, force=False)
+    assert batch is not None and device.syncs == 0  # the probe never synchronizes
+    message = decode(encode_steps("sim", batch.base, batch.rows, 0, 0, 0))  # as a viewer reads
     assert isinstance(message, Steps)
     return list(message.records)
 
@@ -121,10 +121,11 @@ def test_incomplete_events_hold_records_back_without_blocking(
         gpu_bound(device)
         p._close_step(device.now)
     state = _DrainState()
-    assert p._drain(state, 0.0, force=False)[1] == []  # device still busy
+    assert p._drain(state, 0.0, force=False) is None  # device still busy
     assert len(state.pending) == 3 and device.syncs == 0
     device.host(1.0)
-    assert [w.index for w in p._drain(state, 0.0, force=False)[1]] == [0, 1, 2]
+    batch = p._drain(state, 0.0, force=False)
+    assert batch is not None and [w.index for w in batch.rows] == [0, 1, 2]
 
 
 CAUGHT_UP = [

@@ -10,9 +10,10 @@ import msgspec
 import pytest
 
 from gputop_dl.probe import core
-from gputop_dl.probe.core import _by_base, _DrainState, _trim_history
+from gputop_dl.probe.core import _DrainState
+from gputop_dl.probe.history import Batch, messages, trim
 from gputop_dl.probe.messages import Steps
-from gputop_dl.probe.protocol import WireRow, decode, encode_steps
+from gputop_dl.probe.protocol import HostRun, WireRow, decode, encode_steps
 from tests.test_probe import attached, tcp_probe
 
 US = 1_000_000
@@ -43,6 +44,14 @@ def test_a_base_never_lies_after_an_end() -> None:
     assert st.base_for(99.0) == 99.0  # offsets on the wire are >= 0
 
 
+def run(first: int, ends_us: list[int], count: int | None = 32) -> HostRun:
+    """A run of steps ending ``ends_us`` after its clock's zero, each 1000 us long."""
+    readings = [ends_us[0] * 1000 - 1_000_000]
+    for end in ends_us:
+        readings += [end * 1000 - 500_000, end * 1000]
+    return HostRun(first, readings, [count] * len(ends_us))
+
+
 @pytest.mark.parametrize(
     ("batches", "horizon", "max_rows", "left"),
     [
@@ -54,34 +63,65 @@ def test_a_base_never_lies_after_an_end() -> None:
         ([(0.0, [1.0]), (10.0, [1.0, 2.0, 3.0])], 0.0, 2, [2]),  # a whole batch and more
     ],
 )
+@pytest.mark.parametrize("as_runs", [False, True])
 def test_history_trims_by_age_then_by_count(
-    monkeypatch: pytest.MonkeyPatch,
     batches: list[tuple[float, list[float]]],
     horizon: float,
     max_rows: int,
     left: list[int],
+    as_runs: bool,
 ) -> None:
-    monkeypatch.setattr(core, "HISTORY_MAX_STEPS", max_rows)
-    history: deque[tuple[float, list[WireRow]]] = deque()
+    history: deque[Batch] = deque()
     index = 0
+    end_of: dict[int, int] = {}  # step index -> its end, us
     for base, ends in batches:
-        rows = []
-        for end in ends:
-            rows.append(row(index, round(end * US)))
-            index += 1
-        history.append((base, rows))
-    kept = _trim_history(history, index, horizon)
-    assert [len(rows) for _, rows in history] == left
+        ends_us = [round(end * US) for end in ends]
+        end_of.update(enumerate(ends_us, start=index))
+        if as_runs:  # the first step a run of its own: a trim may drop runs and cut one
+            runs = [run(index, ends_us[:1])]
+            if len(ends_us) > 1:
+                runs.append(run(index + 1, ends_us[1:]))
+            history.append(Batch(base, runs=runs))
+        else:
+            history.append(Batch(base, [row(index + i, end) for i, end in enumerate(ends_us)]))
+        index += len(ends)
+    kept = trim(history, index, horizon, max_rows)
+    assert [batch.steps for batch in history] == left
     assert kept == sum(left)
-    if history:  # the newest rows stay, the oldest go
-        assert history[-1][1][-1].index == index - 1
+    if history:  # the newest steps stay, the oldest go
+        assert history[-1].last_index == index - 1
+        first = history[0].runs[0].first if as_runs else history[0].rows[0].index
+        assert first == index - kept
+    for kept_run in (r for batch in history for r in batch.runs):  # cut: still whole steps
+        assert len(kept_run.readings) == 2 * len(kept_run.samples) + 1
+        ends = kept_run.readings[2::2]
+        assert ends == [end_of[kept_run.first + i] * 1000 for i in range(len(ends))]
 
 
 def test_replay_groups_batches_by_base_without_touching_a_row() -> None:
-    history = deque([(5.0, [row(0, 0)]), (5.0, [row(1, 10)]), (9.0, [row(2, 0)])])
-    groups = _by_base(history)
-    assert groups == [(5.0, [row(0, 0), row(1, 10)]), (9.0, [row(2, 0)])]
-    assert history[0][1] == [row(0, 0)]  # the stored batch itself is not extended
+    history = deque([Batch(5.0, [row(0, 0)]), Batch(5.0, [row(1, 10)]), Batch(9.0, [row(2, 0)])])
+    assert list(messages(history, 2000)) == [
+        Batch(5.0, [row(0, 0), row(1, 10)]),
+        Batch(9.0, [row(2, 0)]),
+    ]
+    assert history[0].rows == [row(0, 0)]  # the stored batch itself is not extended
+
+
+def test_replay_messages_hold_at_most_so_many_steps_each_after_the_last() -> None:
+    history = [
+        Batch(5.0, [row(0, 0), row(1, 10)]),
+        Batch(5.0, runs=[run(2, [20, 30, 40]), run(5, [50])]),
+        Batch(5.0, [row(6, 60), row(7, 70), row(8, 80)]),
+    ]
+    out = list(messages(history, 3))
+    indices = [
+        sorted(
+            [r.index for r in m.rows] + [s.first + i for s in m.runs for i in range(len(s.samples))]
+        )
+        for m in out
+    ]
+    assert indices == [[0, 1], [2, 3, 4], [5, 6, 7], [8]]
+    assert all(m.steps <= 3 for m in out)
 
 
 def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
@@ -94,9 +134,10 @@ def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
     for i in range(9):
         p._steps.append((123_456 + i, t, t + 0.002, t + 0.012, 256, None, None))
         t += 0.012
-    base, rows = p._drain(_DrainState(), 1_700_000_000.0, force=False)
-    assert all(len(msgspec.msgpack.encode(r)) <= 40 for r in rows)
-    message = decode(encode_steps("h:1", base, rows, 0, 0, 0))
+    batch = p._drain(_DrainState(), 1_700_000_000.0, force=False)
+    assert batch is not None and not batch.runs
+    assert all(len(msgspec.msgpack.encode(r)) <= 40 for r in batch.rows)
+    message = decode(encode_steps("h:1", batch.base, batch.rows, 0, 0, 0))
     assert isinstance(message, Steps)
     last = message.records[-1]
     assert last.index == 123_464

@@ -60,6 +60,9 @@ class WireReader:
             if data["kind"] == "steps":
                 body = data["body"]
                 body["records"] = [self.step(r, body["base_time"]) for r in body["records"]]
+                for run in body.get("runs", []):
+                    body["records"] += self.run_steps(run, body["base_time"], body["clock_ns"])
+                body["records"].sort(key=lambda record: record["index"])
             new.append(data)
             if until is not None and data["kind"] == until:
                 break
@@ -76,6 +79,20 @@ class WireReader:
             record[seconds] = None if value is None else value / 1e6
         record["phases"] = [(name, v / 1e6) for name, v in record.get("phases", [])]
         return record
+
+    @staticmethod
+    def run_steps(run: list[Any], base_time: float, clock_ns: int) -> list[dict[str, Any]]:
+        """A StepRun's steps as records: step j starts at reading 2j, its batch arrives
+        at 2j+1, it ends at 2j+2; each reading rounded to the nearest microsecond."""
+        first, readings, samples = run[:3]
+        us = [(r - clock_ns + 500) // 1000 for r in readings]
+        return [
+            WireReader.step(
+                [first + j, us[2 * j + 2], us[2 * j + 2] - us[2 * j], us[2 * j + 1] - us[2 * j], n],
+                base_time,
+            )
+            for j, n in enumerate(samples)
+        ]
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [m["body"] for m in self.messages if m["kind"] == kind]

@@ -1,0 +1,125 @@
+"""The publisher's drained steps: one batch per drain, kept as recent history, and cut
+into ``steps`` messages for the wire (live, and replayed to a late subscriber).
+
+A batch holds its steps as the wire carries them (docs/protocol.md, ``steps``): wire rows
+(integer microseconds after ``base``) or runs (the training thread's clock readings,
+nanoseconds counting from ``clock_ns`` at ``base``), never both, in index order. Nothing
+here looks at a step one by one: a batch is cut, kept and sent as lists.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from gputop_dl.probe.protocol import MICROS, HostRow, HostRun
+
+_NS_PER_US = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The steps of one drain, in index order."""
+
+    base: float  # Unix time the rows' ends and the runs' readings count from
+    rows: list[HostRow] = field(default_factory=list)
+    runs: list[HostRun] = field(default_factory=list)
+    clock_ns: int = 0  # the training thread's clock (the runs' readings) at ``base``
+
+    @property
+    def steps(self) -> int:
+        return len(self.rows) + sum(len(run.samples) for run in self.runs)
+
+    @property
+    def last_index(self) -> int:
+        if self.runs:
+            run = self.runs[-1]
+            return run.first + len(run.samples) - 1
+        return self.rows[-1].index
+
+    @property
+    def last_end(self) -> float:
+        """The Unix time its last step ended, rounded as the wire rounds it."""
+        if self.runs:
+            return self.base + self._us(self.runs[-1].readings[-1]) / MICROS
+        return self.base + self.rows[-1].end_us / MICROS
+
+    def periods_us(self, at_most: int) -> list[int]:
+        """The periods of its last ``at_most`` steps (or fewer), microseconds."""
+        if not self.runs:
+            return [row.period_us for row in self.rows[-at_most:]]
+        readings = self.runs[-1].readings[-(2 * at_most + 1) :]  # odd: from a start on
+        return [
+            self._us(end) - self._us(start)
+            for start, end in zip(readings[0:-1:2], readings[2::2], strict=True)
+        ]
+
+    def _us(self, reading: int) -> int:
+        return (reading - self.clock_ns + 500) // _NS_PER_US
+
+    def without_first(self, count: int) -> Batch:
+        """The batch less its first ``count`` steps (fewer than it holds)."""
+        if not self.runs:
+            return Batch(self.base, self.rows[count:], clock_ns=self.clock_ns)
+        runs = list(self.runs)
+        while count >= len(runs[0].samples):
+            count -= len(runs.pop(0).samples)
+        if count:
+            run = runs[0]
+            runs[0] = HostRun(run.first + count, run.readings[2 * count :], run.samples[count:])
+        return Batch(self.base, runs=runs, clock_ns=self.clock_ns)
+
+
+def trim(history: deque[Batch], kept: int, horizon: float, at_most: int) -> int:
+    """Drop batches that ended before ``horizon`` (Unix time), then the oldest steps past
+    ``at_most``; return the steps left."""
+    while history:
+        oldest = history[0]
+        steps = oldest.steps
+        if oldest.last_end < horizon:
+            history.popleft()
+            kept -= steps
+        elif kept > at_most:
+            excess = kept - at_most
+            if excess >= steps:
+                history.popleft()
+                kept -= steps
+            else:
+                history[0] = oldest.without_first(excess)
+                kept -= excess
+        else:
+            break
+    return kept
+
+
+def messages(batches: Iterable[Batch], per_message: int) -> Iterator[Batch]:
+    """``batches`` (in index order) as the bodies of ``steps`` messages: consecutive
+    batches of one base merged, at most ``per_message`` steps in each (a run is never
+    cut: one longer than that goes alone), so each message's steps come after the last
+    one's, and a reader's de-duplication by index keeps them all."""
+    message: Batch | None = None
+    steps = 0
+    for batch in batches:
+        if message is None or batch.base != message.base:
+            if steps:
+                yield message  # type: ignore[misc]
+            message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
+        for run in batch.runs:
+            if steps and steps + len(run.samples) > per_message:
+                yield message
+                message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
+            message.runs.append(run)
+            steps += len(run.samples)
+        rows = batch.rows
+        taken = 0
+        while taken < len(rows):
+            if steps >= per_message:
+                yield message
+                message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
+            part = rows[taken : taken + per_message - steps]
+            message.rows.extend(part)
+            steps += len(part)
+            taken += len(part)
+    if steps:
+        yield message  # type: ignore[misc]

@@ -1,0 +1,201 @@
+"""Step runs on the wire (docs/protocol.md, "StepRun"): the C-timed steps as the
+training thread's clock readings; a reader makes the same records a probe's rows give."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gputop_dl.probe.messages import Steps
+from gputop_dl.probe.protocol import (
+    PROTOCOL_MAJOR,
+    HostRow,
+    HostRun,
+    MalformedMessage,
+    ProtocolError,
+    StepRows,
+    decode,
+    encode_steps,
+)
+from gputop_dl.probe.stamps import Segment
+from tests.test_probe import attached, tcp_probe
+from tests.wire_reader import WireReader
+
+CLOCK = 5_000_000_123_456  # a perf_counter_ns reading at the message's base_time
+BASE = 1_700_000_000.0
+
+
+def segment(plan: tuple[int, int, int] | None, readings: list[int]) -> Segment:
+    s = Segment(40, 0, plan)
+    s.stamps.extend(readings)
+    if s.counts is not None:
+        s.counts.extend([8, None, 7][i % 3] for i in range((len(readings) - 1) // 2))
+    return s
+
+
+READINGS = [CLOCK + 300 + 1_000_499 * i + (i % 2) * 2_000 for i in range(13)]  # 6 steps
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        None,  # counted one by one
+        (32, 100, 32),  # all full
+        (32, 43, 5),  # the plan's short last batch inside
+        (32, 41, 9),  # past the plan after it: unknown
+    ],
+)
+def test_a_run_reads_as_the_rows_the_probe_would_have_sent(
+    plan: tuple[int, int, int] | None,
+) -> None:
+    rows = segment(plan, READINGS).rows(CLOCK, 6)
+    run = segment(plan, READINGS).run(6)
+    as_rows = decode(encode_steps("h:1", BASE, rows, 0, 0, 0))
+    as_run = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK))
+    assert isinstance(as_run, Steps) and isinstance(as_rows, Steps)
+    assert list(as_run.records) == list(as_rows.records)
+    assert [r.index for r in as_run.records] == list(range(40, 46))
+
+
+def test_a_run_costs_about_twenty_bytes_a_step() -> None:
+    # 6 steps of ~1 ms: 9-byte readings, 1-byte counts
+    run = segment((32, 100, 32), READINGS).run(6)
+    empty = len(encode_steps("h:1", BASE, [], 0, 0, 0, [HostRun(0, [CLOCK] * 3, [1])], CLOCK)[1])
+    size = len(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK)[1])
+    per_step = (size - empty) / 5
+    assert per_step <= 20
+
+
+def test_records_and_runs_of_one_message_are_read_in_index_order() -> None:
+    # A pass's Python-timed first steps as rows, the rest as a run, and a later row.
+    run = HostRun(2, [CLOCK + i * 1_000_000 for i in range(5)], [4, 4])
+    rows = [HostRow(0, 0, 900, 100, 4), HostRow(1, 1, 1, 0, 4), HostRow(4, 6000, 1000, 0, 4)]
+    message = decode(encode_steps("h:1", BASE, rows, 0, 0, 0, [run], CLOCK))
+    assert isinstance(message, Steps)
+    assert [r.index for r in message.records] == [0, 1, 2, 3, 4]
+    assert message.records[2].end_time == pytest.approx(BASE + 0.002, abs=1e-6)
+    assert message.records[3].period_s == pytest.approx(0.002, abs=1e-6)  # 2 readings a step
+
+
+def test_an_implausible_run_is_read_but_left_to_the_viewers_general_path() -> None:
+    day_ns = 86_400 * 10**9
+    run = HostRun(0, [CLOCK, CLOCK, CLOCK + 2 * day_ns], [1])
+    message = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK))
+    assert isinstance(message, Steps) and isinstance(message.records, StepRows)
+    assert not message.records.plausible
+    assert message.records[0].period_s == 2 * 86_400
+
+
+def runs_payload(runs: list[Any], records: list[Any] | None = None, **body: Any) -> list[bytes]:
+    data = {
+        "v": [PROTOCOL_MAJOR, 0],
+        "kind": "steps",
+        "body": {
+            "source_id": "a",
+            "base_time": BASE,
+            "records": records or [],
+            "sent": 0,
+            "dropped": 0,
+            "clock_ns": CLOCK,
+            "runs": runs,
+        }
+        | body,
+    }
+    return [b"gputop.steps", msgpack.packb(data)]
+
+
+R = [CLOCK, CLOCK + 10, CLOCK + 1_000]  # one step
+MALFORMED_RUNS = {
+    "a reading short": runs_payload([[0, R[:2], [1]]]),
+    "a reading more": runs_payload([[0, [*R, CLOCK + 2_000], [1]]]),
+    "no steps": runs_payload([[0, R[:1], []]]),
+    "readings go back": runs_payload([[0, [CLOCK, CLOCK + 10, CLOCK + 5], [1]]]),
+    "a negative reading": runs_payload([[0, [-1, 0, 10], [1]]]),
+    "a float reading": runs_payload([[0, [float(CLOCK), CLOCK + 1.0, CLOCK + 2.0], [1]]]),
+    "a reading past 2^63": runs_payload([[0, [2**63, 2**63, 2**63], [1]]]),
+    "a negative count": runs_payload([[0, R, [-1]]]),
+    "a negative index": runs_payload([[-1, R, [1]]]),
+    "an end before base": runs_payload([[0, R, [1]]], clock_ns=CLOCK + 2_000),
+    "an end after 1e13 us": runs_payload(
+        [[0, [CLOCK, CLOCK, CLOCK + 2 * 10**16], [1]]], base_time=1.0
+    ),
+    "an end after the year 2286": runs_payload([[0, R, [1]]], base_time=1e10),
+    "run as a map": runs_payload([{"first": 0, "readings": R, "samples": [1]}]),
+    "too many steps with the records": runs_payload(
+        [[0, [CLOCK] * 20_001, [None] * 10_000]], records=[[10**6, 0, 1, 0, None]] * 10_001
+    ),
+    "a negative clock": runs_payload([[0, R, [1]]], clock_ns=-1),
+}
+
+
+@pytest.mark.parametrize("frames", MALFORMED_RUNS.values(), ids=MALFORMED_RUNS.keys())
+def test_a_malformed_run_is_a_typed_error(frames: list[bytes]) -> None:
+    with pytest.raises(MalformedMessage):
+        decode(frames)
+
+
+readings = st.lists(st.integers(-5, 2**64 - 1), min_size=0, max_size=9)
+counts = st.lists(st.none() | st.integers(-2, 2**40), min_size=0, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    runs=st.lists(st.tuples(st.integers(-1, 2**63), readings, counts), max_size=3),
+    clock=st.integers(-1, 2**64 - 1),
+)
+def test_fuzz_runs_only_raise_protocol_errors(
+    runs: list[tuple[int, list[int], list[int | None]]], clock: int
+) -> None:
+    frames = runs_payload([list(run) for run in runs], clock_ns=clock)
+    with contextlib.suppress(ProtocolError):
+        message = decode(frames)
+        assert isinstance(message, Steps)
+        indices = [r.index for r in message.records]
+        assert indices == sorted(indices)  # runs may overlap: the viewer's state decides
+        assert all(r.period_s >= 0 and (r.wait_s or 0) >= 0 for r in message.records)
+
+
+def test_a_reader_written_from_the_protocol_page_reads_a_run_as_gputop_does() -> None:
+    run = segment((32, 43, 5), READINGS).run(6)
+    frames = encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK)
+    body = msgspec.msgpack.decode(frames[1])["body"]
+    theirs = WireReader.run_steps(body["runs"][0], body["base_time"], body["clock_ns"])
+    ours = decode(frames).records  # type: ignore[union-attr]
+    assert [t["index"] for t in theirs] == [r.index for r in ours]
+    assert [t["end_time"] for t in theirs] == [r.end_time for r in ours]
+    assert [t["period_s"] for t in theirs] == [r.period_s for r in ours]
+    assert [t["wait_s"] for t in theirs] == [r.wait_s for r in ours]
+    assert [t["samples"] for t in theirs] == [r.samples for r in ours]
+
+
+def test_a_settled_watch_loop_reaches_the_wire_as_runs_every_step_once() -> None:
+    # 3,000 steps of ~0.2 ms in lists of known counts: the pass's first steps are timed in
+    # Python (rows), the rest in C; a drain of C-timed steps alone sends runs.
+    p = tcp_probe("runs", system_interval_s=0)
+    reader = attached(p)
+    batches = [[0.0] * 16] * 3_000
+    for _ in p.watch(batches, samples=16):
+        time.sleep(0.0002)
+    time.sleep(0.6)
+    reader.pump(1.0)
+    p.close()
+    reader.close()
+    raw_runs = [b["runs"] for b in reader.of_kind("steps") if b.get("runs")]
+    assert raw_runs  # the probe sent runs, not only rows
+    assert all(len(r[1]) == 2 * len(r[2]) + 1 for runs in raw_runs for r in runs)
+    steps = {int(r["index"]): r for r in reader.steps()}
+    assert set(steps) == set(range(3_000))  # each once after de-duplication, none lost
+    assert all(r["samples"] == 16 for r in steps.values())
+    periods = [float(r["period_s"]) for r in steps.values()]
+    assert 0.0002 <= statistics.median(periods) < 0.01
+    ends = [float(steps[i]["end_time"]) for i in range(3_000)]
+    assert ends == sorted(ends)
+    assert abs(ends[-1] - time.time()) < 5.0  # on the Unix clock, not the probe's own
