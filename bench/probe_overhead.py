@@ -39,8 +39,12 @@ own cost is what it adds above that.
 Process-to-process differences stay large on this VM (an IQR of several us a step), so
 ``in_one_process`` then runs the three loops in ONE probe process: 1,000-step blocks in a
 shuffled order, back to back, each loop one pass taken a block at a time; the training
-thread's CPU is read per block, and the publisher and zmq threads' CPU over the whole run
-(all of it the watched steps' doing) is added per watched step. An earlier design idled
+thread's CPU is read per block, and the publisher and zmq threads' CPU is added per
+watched step, charged by time: their CPU over the run less their CPU per second without
+steps (measured after it) over the time the bare and floor blocks ran, since in a
+training that per-second work is spread over the watched steps alone (the whole run's
+is printed too; charging all of it to a third of the run's time overstated the
+`DataLoader` figure by ~0.3 us a step, the list's by ~0.1). An earlier design idled
 20 ms after every block so that each block's publisher work could be read with it: every
 loop then paid a cold start, the floor 1.4-3.0 us a step (0.10-0.12 back to back), which
 made the probe's cost look 1-2 us dearer.
@@ -53,7 +57,10 @@ the larger part: 0.61-0.65 us a step in a run at 30,000 steps/s, of it the wire 
 0.40-0.42 (0.23 in a tight loop) and the garbage collections that their tuples trigger,
 which traverse the large young lists of the drain, 0.15 (gc callbacks, 300,000 steps).
 Since then the rows are msgspec structs that the collector does not track: the publisher
-takes 0.50-0.51 us a step there.
+takes 0.50-0.51 us a step there. Since the same day such steps go on the wire as runs
+(docs/protocol.md, "StepRun"): the slice of readings and the counts as they are, no row
+and no arithmetic per step; in one process the publisher and zmq threads then take
+0.26 us a step over the list (0.51-0.70 with rows).
 
 Two earlier ways to cut the publisher's work were measured and not kept (before the C
 iterators): a ring of preallocated columns in place of a tuple per step (0.41 against
@@ -186,9 +193,14 @@ def two_clock_reads(batches):  # the floor: what any timing of next() must do
 # order, back to back as a training runs them, the training thread's CPU read per block.
 # Each loop is one pass over ROUNDS blocks, taken a block at a time (islice for all
 # three), so a watched block holds no loop entry or exit. The publisher works at its own
-# pace meanwhile; its thread's CPU and zmq's over the whole run, all of it due to the
-# watched steps, is printed per watched step. Then the per-round differences of the
-# training thread from the bare block, and the bare steps.
+# pace meanwhile. Its thread's CPU and zmq's over the whole run is printed per watched
+# step twice: all of it, and charged by time (the run less what they take per second
+# without steps, measured after the run, over the time the bare and floor blocks ran:
+# in a training, that per-second work is spread over its steps alone). Then the
+# per-round differences of the training thread from the bare block, and the bare steps.
+def publishing(ns_by_thread):
+    return sum(v for k, v in ns_by_thread.items() if k == "publisher" or k.startswith("ZMQ"))
+
 def blocks(rounds):
     global PUBLISHER
     import itertools
@@ -205,25 +217,31 @@ def blocks(rounds):
         "floor": one_pass(two_clock_reads),
     }
     main = {name: [] for name in passes}
+    watched_s = 0.0  # wall time of the probe's blocks
     order = list(passes)
-    before = threads()
+    before = publishing(threads())
+    w_start = time.perf_counter()
     for _ in range(rounds):
         rng.shuffle(order)
         for name in order:
             block = itertools.islice(passes[name], STEPS)
-            m0 = time.thread_time()
+            m0, w0 = time.thread_time(), time.perf_counter()
             for _ in block:
                 work()
             main[name].append(time.thread_time() - m0)
+            if name == "probe":
+                watched_s += time.perf_counter() - w0
     p._publisher.wake()
     time.sleep(1.0)  # the last steps drained, encoded and sent
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
-    after = threads()
+    after = publishing(threads())
+    unwatched_s = time.perf_counter() - w_start - watched_s
+    time.sleep(3.0)  # the publisher's work per second without steps
+    idle_ns_per_s = (publishing(threads()) - after) / 3.0
     p.close()
-    others = sum(
-        v - before.get(k, 0) for k, v in after.items() if k == "publisher" or k.startswith("ZMQ")
-    )
-    print(others / (rounds * STEPS) / 1e3)
+    others = after - before
+    by_time = others - idle_ns_per_s * unwatched_s
+    print(others / (rounds * STEPS) / 1e3, by_time / (rounds * STEPS) / 1e3)
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
     print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
@@ -476,8 +494,8 @@ def pairs_of(kind: str, pairs: int) -> None:
 def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     """The same three loops in one probe process (see ``blocks`` in CHILD): no
     process-to-process difference of layout or host speed between the arms. Each loop
-    is one pass, as in a training; the publisher and zmq threads' CPU over the run is
-    added to the training thread's per watched step."""
+    is one pass, as in a training; the publisher and zmq threads' CPU, charged by time
+    (see ``blocks``), is added to the training thread's per watched step."""
     child, sub = start("blocks", kind, steps, random.randrange(2**32), rounds)
     assert child.stdout is not None and sub is not None
     received = 0
@@ -486,7 +504,7 @@ def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     sub.close()
     assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
     lines = child.stdout.read().splitlines()[-4:]
-    others_us = float(lines[0])
+    whole_run_us, others_us = (float(x) for x in lines[0].split())
     main_us, floor_us, bare_us = ([float(x) for x in line.split()] for line in lines[1:])
     print(f"the same in one process, over {KINDS[kind]}")
     print(
@@ -495,7 +513,10 @@ def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     )
     print(f"  whole-process CPU, all threads, flushed: {spread([m + others_us for m in main_us])}")
     print(f"  of which the training thread's CPU:      {spread(main_us)}")
-    print(f"  of which the publisher and zmq threads:  {others_us:.2f} us (whole run)")
+    print(
+        f"  of which the publisher and zmq threads:  {others_us:.2f} us"
+        f" (charged by time; {whole_run_us:.2f} all of the run's)"
+    )
     print(f"  floor, two clock reads around next():  {spread(floor_us)}")
 
 
