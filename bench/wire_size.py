@@ -5,7 +5,9 @@ decoding it into float-seconds records (median and spread of repeats).
 
 Host-timed records are the rows the probe itself builds (``Probe._drain``): they stop at
 the last field that is set, as docs/protocol.md allows. The others come from
-``wire_rows``, which writes every field.
+``wire_rows``, which writes every field. A settled ``watch`` loop's steps go as a run
+(docs/protocol.md, "StepRun"): its clock readings and counts, made here as the fast
+path's Segment makes them.
 
     python bench/wire_size.py
 """
@@ -22,6 +24,7 @@ import msgspec
 from gputop_dl.probe.core import Probe, _DrainState
 from gputop_dl.probe.messages import StepRecord
 from gputop_dl.probe.protocol import decode, encode_steps, wire_rows
+from gputop_dl.probe.stamps import Segment
 
 REPEATS = 30
 
@@ -77,11 +80,34 @@ def main() -> None:
             c0 = time.process_time()
             decode(frames)
             costs.append((time.process_time() - c0) / n * 1e6)
-        q = statistics.quantiles(costs, n=4)
-        print(
-            f"  {n} x {name:<28} {size / 1024:6.1f} KiB ({size / n:.1f} B/step);"
-            f" decode {statistics.median(costs):.3f} us/step (IQR {q[0]:.3f}..{q[2]:.3f})"
-        )
+        show(f"{n} x {name}", size, n, costs)
+    # A run: 12.3 ms steps, 2.1 ms waits, 256 samples each from the DataLoader's plan.
+    sizes = {}
+    for n in (1, 2_000):
+        segment = Segment(123_456, 0, (256, 10**9, 256))
+        t = time.perf_counter_ns()
+        for _ in range(n):
+            segment.stamps += [t, t + 2_100_000]
+            t += 12_300_000
+        segment.stamps.append(t)
+        first_end = segment.stamps[2]  # the base: the message's first end, as the probe's
+        frames = encode_steps("node-1:12345", NOW, [], 10, 0, 0, [segment.run(n)], first_end)
+        sizes[n] = len(frames[1])
+    costs = []
+    for _ in range(REPEATS):
+        c0 = time.process_time()
+        decode(frames)
+        costs.append((time.process_time() - c0) / n * 1e6)
+    print(f"  a run, per step after the first: {(sizes[n] - sizes[1]) / (n - 1):.1f} B")
+    show(f"{n} x a run (watch, settled)", sizes[n], n, costs)
+
+
+def show(name: str, size: int, n: int, costs: list[float]) -> None:
+    q = statistics.quantiles(costs, n=4)
+    print(
+        f"  {name:<36} {size / 1024:6.1f} KiB ({size / n:.1f} B/step);"
+        f" decode {statistics.median(costs):.3f} us/step (IQR {q[0]:.3f}..{q[2]:.3f})"
+    )
 
 
 if __name__ == "__main__":

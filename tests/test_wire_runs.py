@@ -117,7 +117,10 @@ MALFORMED_RUNS = {
     "a reading short": runs_payload([[0, R[:2], [1]]]),
     "a reading more": runs_payload([[0, [*R, CLOCK + 2_000], [1]]]),
     "no steps": runs_payload([[0, R[:1], []]]),
-    "readings go back": runs_payload([[0, [CLOCK, CLOCK + 10, CLOCK + 5], [1]]]),
+    "readings go back": runs_payload([[0, [CLOCK, CLOCK + 9_000, CLOCK + 5_000], [1]]]),
+    "an arrival after the next start": runs_payload(
+        [[0, [CLOCK, CLOCK + 9_000, CLOCK + 5_000, CLOCK + 9_500, CLOCK + 12_000], [1, 1]]]
+    ),
     "a negative reading": runs_payload([[0, [-1, 0, 10], [1]]]),
     "a float reading": runs_payload([[0, [float(CLOCK), CLOCK + 1.0, CLOCK + 2.0], [1]]]),
     "a reading past 2^63": runs_payload([[0, [2**63, 2**63, 2**63], [1]]]),
