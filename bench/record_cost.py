@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import StepRecord, Steps, System
-from gputop_dl.probe.protocol import encode
+from gputop_dl.probe.protocol import HostRun, encode, encode_steps
 from gputop_dl.probe.transport import Publisher
 from gputop_dl.tui.record.writer import RecordWriter
 from tests.fakes_tui import HOST, SOURCE_ID, T0, hello, system_sample
@@ -48,8 +48,11 @@ def spread(values: list[float]) -> str:
     )
 
 
-def steps_bytes(folder: Path, steps_per_s: int) -> float:
-    path = folder / f"steps-{steps_per_s}.gtrec"
+def steps_bytes(folder: Path, steps_per_s: int, as_runs: bool = False) -> float:
+    """Bytes per step of a recording of steps alone: records, or runs of nanosecond
+    clock readings as a settled watch loop's probe sends them (their last digits as
+    varied as a real clock's)."""
+    path = folder / f"steps-{steps_per_s}-{as_runs}.gtrec"
     now = [0.0]
     writer = RecordWriter(path, host=HOST, clock=lambda: now[0])
     flush_s = flush_period(steps_per_s)  # as the probe sends at this rate
@@ -64,12 +67,30 @@ def steps_bytes(folder: Path, steps_per_s: int) -> float:
             wait = period * (0.2 + 0.1 * ((index * 7919) % 13) / 13)  # varied, as real ones
             records.append(StepRecord(index, end, period * (1 + (index % 5) / 50), wait, 32))
             index += 1
-        writer.add(encode(Steps(SOURCE_ID, tuple(records), flush, 0)), T0 + now[0])
+        if as_runs:
+            frames = encode_steps(SOURCE_ID, T0, [], flush, 0, 0, [as_run(records)], 0)
+        else:
+            frames = encode(Steps(SOURCE_ID, tuple(records), flush, 0))
+        writer.add(frames, T0 + now[0])
         writer.tick()
     writer.close()
     size = path.stat().st_size
     path.unlink()
     return size / index
+
+
+def as_run(records: list[StepRecord]) -> HostRun:
+    """``records`` as a run of readings on a nanosecond clock that read 0 at T0."""
+
+    def ns(t: float, i: int) -> int:
+        return round((t - T0) * 1e9) + (i * 7_919_993) % 997
+
+    first = records[0]
+    readings = [ns(first.end_time - first.period_s, first.index)]
+    for r in records:
+        start = r.end_time - r.period_s
+        readings += [ns(start + (r.wait_s or 0.0), r.index + 1), ns(r.end_time, r.index + 2)]
+    return HostRun(first.index, readings, [r.samples for r in records])
 
 
 def samples_bytes(folder: Path, real: bool) -> float:
@@ -158,6 +179,8 @@ def main() -> None:
     print("size (zstd, a chunk a second):")
     for rate in (10, 1000):
         print(f"  steps at {rate:>5}/s        {steps_bytes(folder, rate):7.1f} bytes per step")
+        runs = steps_bytes(folder, rate, as_runs=True)
+        print(f"    the same as runs         {runs:7.1f} bytes per step")
     print(f"  node sample (64 cores, 8 GPUs)  {samples_bytes(folder, False):7.0f} bytes")
     print(f"  node sample (this host, real)   {samples_bytes(folder, True):7.0f} bytes")
     print(f"recorder CPU ({CPU_SECONDS:g} s runs, whole process incl. start-up):")

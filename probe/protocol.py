@@ -155,6 +155,10 @@ class HostRun(msgspec.Struct, array_like=True, gc=False):
 # A run is checked as a whole by the decoder: its readings never go back, and there are
 # two per step and one more.
 _Reading = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+# Runs in one message. A run costs a reader a few microseconds besides its steps, so a
+# message of many one-step runs is a reader's dearest per byte: capped at what a probe
+# can send (a message of at most RECORDS_PER_MESSAGE steps, each run at least one).
+MAX_RUNS = 2_000
 
 
 class WireRun(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -173,7 +177,7 @@ class _WireSteps(msgspec.Struct):
     dropped: Count
     dropped_steps: Count = 0
     clock_ns: Count = 0  # the publisher's clock (runs' readings) at base_time
-    runs: Annotated[tuple[WireRun, ...], msgspec.Meta(max_length=MAX_RECORDS)] = ()
+    runs: Annotated[tuple[WireRun, ...], msgspec.Meta(max_length=MAX_RUNS)] = ()
 
 
 # Plausible rows: within the limits a viewer applies to each record (tui.state.clean):
@@ -545,6 +549,7 @@ def _records_from_rows(base: float, rows: tuple[WireStep, ...]) -> tuple[StepRec
 
 
 __all__ = [
+    "MAX_RUNS",
     "PLAUSIBLE_DURATION_S",
     "PLAUSIBLE_SAMPLES",
     "PROTOCOL_MAJOR",

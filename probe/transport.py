@@ -323,11 +323,12 @@ class Subscriber:
         """Wait up to ``timeout_s`` for messages; return all that are ready (bounded)."""
         out: list[list[bytes]] = []
         self._revive_dropped()
-        if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+        sock = self._sock
+        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
             return out
-        while len(out) < max_messages:
+        while len(out) < max_messages and _readable(sock):
             try:
-                out.append(self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=True))
+                out.append(sock.recv_multipart(flags=zmq.NOBLOCK, copy=True))
             except zmq.Again:
                 break
         return out
@@ -335,10 +336,10 @@ class Subscriber:
     def _revive_dropped(self) -> None:
         """Connect again to endpoints the socket dropped (at most once a second each: a
         peer that keeps sending oversized frames must not make us spin)."""
-        while True:
+        while _readable(self._monitor):
             try:
                 frames = self._monitor.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.ZMQError:  # zmq.Again: no event waiting
+            except zmq.ZMQError:
                 break
             endpoint = frames[-1].decode(errors="replace") if len(frames) == 2 else ""
             if endpoint in self.endpoints:

@@ -23,6 +23,7 @@ from gputop_dl.probe.transport import (
     LOOPBACK,
     PRIVATE,
     Publisher,
+    Subscriber,
     exposure,
     listen_policy,
 )
@@ -360,3 +361,28 @@ def test_demo_says_why_it_cannot_start(open_runtime_dir: Path) -> None:
     assert done.returncode == cli.EXIT_NO_RUN
     assert "open to other users" in done.stderr and "GPUTOP_RUNTIME_DIR" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_publisher_sending_an_oversized_frame_is_read_again_after_it() -> None:
+    # libzmq drops a peer whose frame exceeds the subscriber's limit (8 MiB); the
+    # Subscriber's monitor sees the disconnect and connects again, so the stream goes on.
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    endpoint = f"tcp://127.0.0.1:{port}"
+    sub = Subscriber()
+    try:
+        sub.connect(endpoint)
+        time.sleep(0.3)
+        pub.send_multipart([b"gputop.bye", b"x" * (9 * 1024 * 1024)])
+        got: list[list[bytes]] = []
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not got:
+            pub.send_multipart([b"gputop.bye", b"after"])
+            got = [f for f in sub.receive(0.1) if f[1] == b"after"]
+        assert got, "the subscriber never read the publisher again"
+    finally:
+        sub.close()
+        pub.close(0)
+        ctx.term()

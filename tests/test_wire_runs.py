@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputop_dl.probe.core import RECORDS_PER_MESSAGE
 from gputop_dl.probe.messages import Steps
 from gputop_dl.probe.protocol import (
+    MAX_RUNS,
     PROTOCOL_MAJOR,
     HostRow,
     HostRun,
@@ -63,6 +65,11 @@ def test_a_run_reads_as_the_rows_the_probe_would_have_sent(
     assert isinstance(as_run, Steps) and isinstance(as_rows, Steps)
     assert list(as_run.records) == list(as_rows.records)
     assert [r.index for r in as_run.records] == list(range(40, 46))
+
+
+def test_a_probes_message_never_holds_more_runs_than_a_reader_takes() -> None:
+    # Each run holds a step at least, and a probe's message at most so many steps.
+    assert RECORDS_PER_MESSAGE <= MAX_RUNS
 
 
 def test_a_run_costs_about_twenty_bytes_a_step() -> None:
@@ -136,6 +143,7 @@ MALFORMED_RUNS = {
         [[0, [CLOCK] * 20_001, [None] * 10_000]], records=[[10**6, 0, 1, 0, None]] * 10_001
     ),
     "a negative clock": runs_payload([[0, R, [1]]], clock_ns=-1),
+    "more runs than a probe sends": runs_payload([[i, R, [1]] for i in range(MAX_RUNS + 1)]),
 }
 
 
