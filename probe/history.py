@@ -3,8 +3,9 @@ into ``steps`` messages for the wire (live, and replayed to a late subscriber).
 
 A batch holds its steps as the wire carries them (docs/protocol.md, ``steps``): wire rows
 (integer microseconds after ``base``) or runs (the training thread's clock readings,
-nanoseconds counting from ``clock_ns`` at ``base``), never both, in index order. Nothing
-here looks at a step one by one: a batch is cut, kept and sent as lists.
+nanoseconds counting from ``clock_ns`` at ``base``), in index order. A drain's batch holds
+one or the other; a message's body, merged from several, may hold both. A batch is cut,
+kept and sent as lists: nothing here looks at each step (but the last few periods).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Batch:
         return (reading - self.clock_ns + 500) // _NS_PER_US
 
     def without_first(self, count: int) -> Batch:
-        """The batch less its first ``count`` steps (fewer than it holds)."""
+        """The drained batch less its first ``count`` steps (fewer than it holds)."""
         if not self.runs:
             return Batch(self.base, self.rows[count:], clock_ns=self.clock_ns)
         runs = list(self.runs)

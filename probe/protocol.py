@@ -426,9 +426,9 @@ def _rows_of_runs(clock_ns: int, runs: tuple[WireRun, ...]) -> tuple[tuple[WireS
         if ends[0] < 0 or ends[-1] > _MAX_END_US:
             raise MalformedMessage("steps: a run's step ends outside [0, 1e13] us after base")
         periods = list(map(sub, ends, starts))
-        counts = [n for n in samples if n is not None]
-        if max(periods) > PLAUSIBLE_DURATION_S * MICROS or (
-            counts and max(counts) > PLAUSIBLE_SAMPLES
+        if (
+            max(periods) > PLAUSIBLE_DURATION_S * MICROS
+            or max(filter(None, samples), default=0) > PLAUSIBLE_SAMPLES
         ):
             plausible = False
         first = run.first

@@ -92,13 +92,25 @@ def test_records_and_runs_of_one_message_are_read_in_index_order() -> None:
     assert message.records[3].period_s == pytest.approx(0.002, abs=1e-6)  # 2 readings a step
 
 
-def test_an_implausible_run_is_read_but_left_to_the_viewers_general_path() -> None:
-    day_ns = 86_400 * 10**9
-    run = HostRun(0, [CLOCK, CLOCK, CLOCK + 2 * day_ns], [1])
-    message = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK))
+DAY_NS = 86_400 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("readings", "samples", "plausible"),
+    [
+        ([CLOCK, CLOCK, CLOCK + 1_000], [10**9], True),  # at the limits
+        ([CLOCK, CLOCK, CLOCK + DAY_NS], [None], True),
+        ([CLOCK, CLOCK, CLOCK + 2 * DAY_NS], [1], False),  # a two-day step
+        ([CLOCK, CLOCK, CLOCK + 1_000], [10**9 + 1], False),  # over a billion samples
+    ],
+)
+def test_an_implausible_run_is_read_but_left_to_the_viewers_general_path(
+    readings: list[int], samples: list[int | None], plausible: bool
+) -> None:
+    message = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [HostRun(0, readings, samples)], CLOCK))
     assert isinstance(message, Steps) and isinstance(message.records, StepRows)
-    assert not message.records.plausible
-    assert message.records[0].period_s == 2 * 86_400
+    assert message.records.plausible is plausible
+    assert message.records[0].samples == samples[0]
 
 
 def runs_payload(runs: list[Any], records: list[Any] | None = None, **body: Any) -> list[bytes]:
