@@ -208,9 +208,14 @@ def test_a_settled_watch_loop_reaches_the_wire_as_runs_every_step_once() -> None
     for _ in p.watch(batches, samples=16):
         time.sleep(0.0002)
     time.sleep(0.6)
+    late = attached(p)  # its hello tells the progress: made of the runs
     reader.pump(1.0)
     p.close()
     reader.close()
+    late.close()
+    hello = late.of_kind("hello")[0]
+    assert hello["step_count"] == 3_000
+    assert 0.0002 <= hello["typical_period_s"] < 0.01
     raw_runs = [b["runs"] for b in reader.of_kind("steps") if b.get("runs")]
     assert raw_runs  # the probe sent runs, not only rows
     assert all(len(r[1]) == 2 * len(r[2]) + 1 for runs in raw_runs for r in runs)
@@ -222,3 +227,4 @@ def test_a_settled_watch_loop_reaches_the_wire_as_runs_every_step_once() -> None
     ends = [float(steps[i]["end_time"]) for i in range(3_000)]
     assert ends == sorted(ends)
     assert abs(ends[-1] - time.time()) < 5.0  # on the Unix clock, not the probe's own
+    assert hello["last_step_end"] == pytest.approx(ends[-1], abs=2e-6)
