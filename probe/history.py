@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import floordiv, sub
 
 from gputop_dl.probe.protocol import MICROS, HostRow, HostRun
 
@@ -47,14 +49,13 @@ class Batch:
         return self.base + self.rows[-1].end_us / MICROS
 
     def periods_us(self, at_most: int) -> list[int]:
-        """The periods of its last ``at_most`` steps (or fewer), microseconds."""
+        """The periods of its last ``at_most`` steps (or fewer), whole microseconds (for
+        the typical period: a run's are not rounded reading by reading, as the wire's)."""
         if not self.runs:
             return [row.period_us for row in self.rows[-at_most:]]
         readings = self.runs[-1].readings[-(2 * at_most + 1) :]  # odd: from a start on
-        return [
-            self._us(end) - self._us(start)
-            for start, end in zip(readings[0:-1:2], readings[2::2], strict=True)
-        ]
+        spans = map(sub, readings[2::2], readings[0:-1:2])
+        return list(map(floordiv, spans, repeat(_NS_PER_US)))
 
     def _us(self, reading: int) -> int:
         return (reading - self.clock_ns + 500) // _NS_PER_US
