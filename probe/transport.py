@@ -628,7 +628,7 @@ class Forwarder:
         tap = self._tap
         if tap is None or not tap.poll(int(timeout_s * 1000), zmq.POLLIN):
             return out
-        while len(out) < max_messages:
+        while len(out) < max_messages and _readable(tap):
             try:
                 out.append(tap.recv_multipart(flags=zmq.NOBLOCK, copy=True))
             except zmq.Again:
