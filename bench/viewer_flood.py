@@ -7,6 +7,8 @@ them, every 0.5 s at this rate (bench/simulated.py, probe.core.flush_period), a 
 whole-process CPU time (all threads) over the flood; after a drain it compares each run's
 newest step index with the publisher's. With tmux installed the real TUI (200x50, default
 refresh) is measured the same way. Median and spread over GPUTOP_BENCH_REPEATS runs.
+GPUTOP_BENCH_STEPS=runs sends host-timed steps as runs (a settled ``watch`` loop's form),
+which cost the viewer's decoder more than the default CUDA-timed records.
 Goal: <= 15 % of one core, nothing left behind.
 """
 
