@@ -745,9 +745,7 @@ class Probe:
             if not (raws or fixes or phases):
                 # Only C-timed steps: sent as the readings and counts they are.
                 runs = [segment.run(upto) for segment, upto in spans]
-                batch = Batch(b + wall_offset, runs=runs, clock_ns=base_ns)
-                self._count_drained(st, batch)
-                return batch
+                return self._drained(st, Batch(b + wall_offset, runs=runs, clock_ns=base_ns))
             # Host timing: one comprehension over the raw tuples, nothing else per step.
             # Times are perf_counter readings: durations >= 0, ends >= the first end, so
             # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
@@ -770,7 +768,7 @@ class Probe:
                 rows = [
                     _with_phases(row, _phase_items(phases.pop(row.index, None))) for row in rows
                 ]
-            return self._rows_batch(st, b + wall_offset, base_ns, rows)
+            return self._drained(st, Batch(b + wall_offset, rows, clock_ns=base_ns))
         now = time.monotonic()
         pending = st.pending
         pending.extend((raw, now) for raw in raws)
@@ -808,20 +806,26 @@ class Probe:
                     caught_up,
                 )
             )
+        base_ns = round(b * 1e9)
         if spans and not pending:  # CUDA events just failed: the rest is host-timed
-            out = self._segment_rows(out, spans, round(b * 1e9))
+            out = self._segment_rows(out, spans, base_ns)
         if fixes:
             out = _fixed(out, fixes)
-        return self._rows_batch(st, b + wall_offset, round(b * 1e9), out)
+        return self._drained(st, Batch(b + wall_offset, out, clock_ns=base_ns))
 
-    def _rows_batch(
-        self, st: _DrainState, base: float, base_ns: int, rows: list[_Wire]
-    ) -> Batch | None:
-        if not rows:
+    @staticmethod
+    def _drained(st: _DrainState, batch: Batch) -> Batch | None:
+        """``batch`` (None if empty), once the drain state has counted it: the gaps in
+        its indices (steps the full buffers dropped), and the phases and count fixes of
+        steps before it, which will never be published (left open by a break)."""
+        if not (batch.rows or batch.runs):
             return None
-        batch = Batch(base, rows, clock_ns=base_ns)
-        self._count_drained(st, batch)
-        _forget_before(st.phases, st.next_index)
+        last = batch.last_index
+        st.dropped_steps += max(0, last + 1 - st.next_index - batch.steps)
+        st.next_index = last + 1
+        for pending in (st.count_fixes, st.phases):
+            for stale in [i for i in pending if i < st.next_index]:
+                del pending[stale]
         return batch
 
     def _segment_spans(self) -> list[tuple[Segment, int]]:
@@ -853,19 +857,6 @@ class Probe:
         if rows:  # steps of a pass's Python-timed start and of segments: sort by index
             merged.sort(key=_row_index)
         return merged
-
-    @staticmethod
-    def _count_drained(st: _DrainState, batch: Batch) -> None:
-        # The buffers drop their oldest steps when full: gaps in the indices (steps are
-        # in order, each index once; a pass's Python-timed start, drained from the other
-        # buffer, may sit before a gap).
-        last = batch.last_index
-        st.dropped_steps += max(0, last + 1 - st.next_index - batch.steps)
-        st.next_index = last + 1
-        fixes = st.count_fixes
-        if fixes:  # those of steps that will never be published (a break)
-            for stale in [i for i in fixes if i < st.next_index]:
-                del fixes[stale]
 
 
 @dataclass
@@ -940,12 +931,6 @@ def _phase_items(per_step: dict[str, float] | None) -> tuple[tuple[str, int], ..
         rest = sum(seconds for _, seconds in items[MAX_PHASES - 1 :])
         items[MAX_PHASES - 1 :] = [(OTHER_PHASES, rest)]
     return tuple([(str(name)[:MAX_STR], _us(s)) for name, s in items])
-
-
-def _forget_before(phases: dict[int, dict[str, float]], index: int) -> None:
-    """Drop phases of steps that will never be published (left open by a break)."""
-    for stale in [i for i in phases if i < index]:
-        del phases[stale]
 
 
 def caught_up_at_start(

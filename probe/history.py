@@ -10,15 +10,14 @@ kept and sent as lists: nothing here looks at each step (but the last few period
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import floordiv, sub
 
-from gputop_dl.probe.protocol import MICROS, HostRow, HostRun
-
-_NS_PER_US = 1000
+from gputop_dl.probe.protocol import MICROS, NS_PER_US, HostRow, HostRun, reading_us
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +44,7 @@ class Batch:
     def last_end(self) -> float:
         """The Unix time its last step ended, rounded as the wire rounds it."""
         if self.runs:
-            return self.base + self._us(self.runs[-1].readings[-1]) / MICROS
+            return self.base + reading_us(self.runs[-1].readings[-1], self.clock_ns) / MICROS
         return self.base + self.rows[-1].end_us / MICROS
 
     def periods_us(self, at_most: int) -> list[int]:
@@ -55,10 +54,7 @@ class Batch:
             return [row.period_us for row in self.rows[-at_most:]]
         readings = self.runs[-1].readings[-(2 * at_most + 1) :]  # odd: from a start on
         spans = map(sub, readings[2::2], readings[0:-1:2])
-        return list(map(floordiv, spans, repeat(_NS_PER_US)))
-
-    def _us(self, reading: int) -> int:
-        return (reading - self.clock_ns + 500) // _NS_PER_US
+        return list(map(floordiv, spans, repeat(NS_PER_US)))
 
     def without_first(self, count: int) -> Batch:
         """The drained batch less its first ``count`` steps (fewer than it holds)."""
@@ -100,12 +96,12 @@ def messages(batches: Iterable[Batch], per_message: int) -> Iterator[Batch]:
     batches of one base merged, at most ``per_message`` steps in each (a run is never
     cut: one longer than that goes alone), so each message's steps come after the last
     one's, and a reader's de-duplication by index keeps them all."""
-    message: Batch | None = None
+    message = Batch(math.nan)  # NaN equals no base: the first batch starts a message
     steps = 0
     for batch in batches:
-        if message is None or batch.base != message.base:
+        if batch.base != message.base:
             if steps:
-                yield message  # type: ignore[misc]
+                yield message
             message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
         for run in batch.runs:
             if steps and steps + len(run.samples) > per_message:
@@ -124,4 +120,4 @@ def messages(batches: Iterable[Batch], per_message: int) -> Iterator[Batch]:
             steps += len(part)
             taken += len(part)
     if steps:
-        yield message  # type: ignore[misc]
+        yield message

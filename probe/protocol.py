@@ -96,9 +96,12 @@ TIME_MAX = 1e10  # the Unix-time range every reader enforces (probe.samples.Time
 # float in C, and the viewer's ingest compares and sums these with floats, which Python
 # does faster than an int with a float (its hot path). multiple_of keeps
 # every fraction out (a writer sends integers; a whole float would be read the same).
-_Micros = Annotated[float, msgspec.Meta(ge=0, le=1e13, multiple_of=1)]
+_MAX_US = 1e13  # a step record's microseconds (an end after base_time, a duration)
+_Micros = Annotated[float, msgspec.Meta(ge=0, le=_MAX_US, multiple_of=1)]
 _MAX_OFFSET_S = 1e7
-_MAX_END_US = 1e13
+# A run's clock readings are nanoseconds; each is rounded to the nearest microsecond once
+# (docs/protocol.md, "StepRun"): reading_us, and the same in C maps where many are.
+NS_PER_US = 1000
 _end_us = attrgetter("end_us")
 _index = attrgetter("index")
 _samples = attrgetter("samples")
@@ -403,13 +406,18 @@ def _steps_from_wire(wire: _WireSteps, *, plausible: bool) -> Steps:
     return Steps(wire.source_id, records, wire.sent, wire.dropped, wire.dropped_steps)
 
 
+def reading_us(reading: int, clock_ns: int) -> int:
+    """A run's clock reading as whole microseconds after the message's base_time."""
+    return (reading - clock_ns + NS_PER_US // 2) // NS_PER_US
+
+
 def _rows_of_runs(clock_ns: int, runs: tuple[WireRun, ...]) -> tuple[tuple[WireStep, ...], bool]:
     """The runs' steps as the rows a probe would have sent (each reading rounded to the
     nearest microsecond once, durations differences of rounded readings), and whether
     all are plausible (durations and counts within the viewer's limits)."""
     rows: list[WireStep] = []
     plausible = True
-    offset = clock_ns - 500  # a reading r is (r - clock_ns + 500) // 1000 us after base
+    offset = clock_ns - NS_PER_US // 2  # as reading_us, in C maps
     for run in runs:
         readings, samples = run.readings, run.samples
         steps = len(samples)
@@ -417,13 +425,13 @@ def _rows_of_runs(clock_ns: int, runs: tuple[WireRun, ...]) -> tuple[tuple[WireS
             raise MalformedMessage(
                 f"steps: a run of {steps} steps has {len(readings)} readings, not {2 * steps + 1}"
             )
-        us = list(map(floordiv, map(sub, readings, repeat(offset)), repeat(1000.0)))
+        us = list(map(floordiv, map(sub, readings, repeat(offset)), repeat(float(NS_PER_US))))
         # Rounding keeps their order: rounded readings that go back come from readings
         # that do. (An already sorted list sorts in one pass, as fast as any C check.)
         if us != sorted(us):
             raise MalformedMessage("steps: a run's clock readings go back")
         starts, ends = us[0:-1:2], us[2::2]
-        if ends[0] < 0 or ends[-1] > _MAX_END_US:
+        if ends[0] < 0 or ends[-1] > _MAX_US:
             raise MalformedMessage("steps: a run's step ends outside [0, 1e13] us after base")
         periods = list(map(sub, ends, starts))
         if (
@@ -550,6 +558,7 @@ def _records_from_rows(base: float, rows: tuple[WireStep, ...]) -> tuple[StepRec
 
 __all__ = [
     "MAX_RUNS",
+    "NS_PER_US",
     "PLAUSIBLE_DURATION_S",
     "PLAUSIBLE_SAMPLES",
     "PROTOCOL_MAJOR",
@@ -568,5 +577,6 @@ __all__ = [
     "encode",
     "encode_steps",
     "micros",
+    "reading_us",
     "wire_rows",
 ]

@@ -22,12 +22,11 @@ from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
-from gputop_dl.probe.protocol import HostRow, HostRun
+from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
 CHUNK_STEPS = 1024
-_NS_PER_US = 1000
 _batch = itemgetter(2)  # (gate, t0, batch, t1[, None]) -> batch
 
 
@@ -95,15 +94,15 @@ class Segment:
         For a drain that sends rows anyway (a pass's Python-timed start, phases).
 
         Every reading is rounded to a microsecond once and durations are differences of
-        rounded readings, as a reader rounds a run's readings (protocol.WireRun).
+        rounded readings, as a reader rounds a run's readings (protocol.reading_us).
         """
         start = self.taken
         self.taken = upto
         us = list(
             map(
                 floordiv,
-                map(sub, self.stamps[2 * start : 2 * upto + 1], repeat(base_ns - 500)),
-                repeat(_NS_PER_US),
+                map(sub, self.stamps[2 * start : 2 * upto + 1], repeat(base_ns - NS_PER_US // 2)),
+                repeat(NS_PER_US),
             )
         )
         ends = us[2::2]
