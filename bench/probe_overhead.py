@@ -1,5 +1,6 @@
 """Probe cost per step: whole-process CPU time (all threads) of a watched loop vs the
-same bare loop, in separate interleaved subprocesses, then in one process.
+same bare loop, in separate subprocesses (one after the other, then at once on one
+core), then in one process.
 
 Each child runs STEPS steps of Python work (ADDITIONS integer additions, 1,200 by default:
 18-74 us on this VM, whose speed varies from day to day; 4,800 make the ~100 us step the
@@ -36,7 +37,18 @@ Each round also runs a "floor" child: the same loop through a generator that onl
 the clock before and after ``next()``, the least any timing of the loop does; the probe's
 own cost is what it adds above that.
 
-Process-to-process differences stay large on this VM (an IQR of several us a step), so
+Process-to-process differences stay large on this VM (an IQR of several us a step): the
+host's speed drifts over seconds (the same bare child took 28-47 us a step from one run
+to the next, over 20,000 steps or 100,000). So each kind of loop is measured twice: the
+round's children one after the other, as above, then all three at once on one CPU (this
+process, which reads the probe's messages, on the others): sharing the core in time,
+they see the same host at the same moments, and the floor child's IQR falls to about
+0.5 us. That is a harder place for the probe than a free core: its publisher thread
+wakes on the training thread's core, between its steps (a wake-up that made a list of
+int objects of the readings, before they were sent as bytes, cost the training thread
+~1 ms of CPU: 1.5-2 us a step at 20 wake-ups a second, through the allocator the two
+threads share; measured with the publisher's parts switched off one by one).
+
 ``in_one_process`` then runs the three loops in ONE probe process: 1,000-step blocks in a
 shuffled order, back to back, each loop one pass taken a block at a time; the training
 thread's CPU is read per block, and the publisher and zmq threads' CPU is added per
@@ -60,7 +72,8 @@ Since then the rows are msgspec structs that the collector does not track: the p
 takes 0.50-0.51 us a step there. Since the same day such steps go on the wire as runs
 (docs/protocol.md, "StepRun"): the slice of readings and the counts as they are, no row
 and no arithmetic per step; in one process the publisher and zmq threads then take
-0.26 us a step over the list (0.51-0.70 with rows).
+0.26 us a step over the list (0.51-0.70 with rows). Since then the readings are 8-byte
+integers in an array, sent as its bytes: no int object per reading, in either thread.
 
 Two earlier ways to cut the publisher's work were measured and not kept (before the C
 iterators): a ring of preallocated columns in place of a tuple per step (0.41 against
@@ -106,6 +119,8 @@ KINDS = {
 
 CHILD = r"""
 import os, random, sys, time
+if os.environ.get("GPUTOP_BENCH_CPU"):  # before any thread starts: all inherit it
+    os.sched_setaffinity(0, {int(os.environ["GPUTOP_BENCH_CPU"])})
 import numpy as np
 from gputop_dl import probe
 
@@ -277,17 +292,21 @@ print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
 """
 
 
-def start(
-    mode: str, kind: str, steps: int, layout: int, *extra: object
+def launch(
+    mode: str, kind: str, steps: int, layout: int, *extra: object, cpu: int | None = None
 ) -> tuple[subprocess.Popen[str], Subscriber | None]:
-    """A CHILD started in the round's layout, with a subscriber attached when it runs a
-    probe (the child waits for it), told to go."""
+    """A CHILD started in the round's layout (on CPU ``cpu`` alone if given), with a
+    subscriber attached when it runs a probe; it waits for :func:`go`."""
     argv = (CHILD, mode, steps, kind, ADDITIONS, layout, *extra)
+    env = {**os.environ, "PYTHONHASHSEED": str(layout)}
+    env.pop("GPUTOP_BENCH_CPU", None)
+    if cpu is not None:
+        env["GPUTOP_BENCH_CPU"] = str(cpu)
     child = subprocess.Popen(
         [sys.executable, "-c", *map(str, argv)],
         # The round's hash seed, too: with each child's own, dicts and sets laid out
         # differently moved the same bare loop by +-8 us a step (at 28 us steps).
-        env={**os.environ, "PYTHONHASHSEED": str(layout)},
+        env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -299,31 +318,63 @@ def start(
         sub = Subscriber()
         sub.connect(endpoint)
         time.sleep(0.3)
+    return child, sub
+
+
+def go(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None
     child.stdin.write("go\n")
     child.stdin.flush()
+
+
+def start(
+    mode: str, kind: str, steps: int, layout: int, *extra: object
+) -> tuple[subprocess.Popen[str], Subscriber | None]:
+    """A CHILD launched and told to go."""
+    child, sub = launch(mode, kind, steps, layout, *extra)
+    go(child)
     return child, sub
 
 
 def run(mode: str, kind: str, layout: int) -> tuple[float, float, float, int]:
-    child, sub = start(mode, kind, STEPS, layout)
-    assert child.stdout is not None
-    received = 0
-    line = ""
-    while not line:
-        if sub is not None:
-            received += len(sub.receive(0.05, max_messages=100_000))
-        else:
+    return finish(mode, kind, *start(mode, kind, STEPS, layout))
+
+
+def finish(
+    mode: str, kind: str, child: subprocess.Popen[str], sub: Subscriber | None
+) -> tuple[float, float, float, int]:
+    """A started child's figures (CPU, wall, training thread's CPU, messages received)."""
+    return finish_all(kind, {mode: (child, sub)})[mode]
+
+
+def finish_all(
+    kind: str, children: dict[str, tuple[subprocess.Popen[str], Subscriber | None]]
+) -> dict[str, tuple[float, float, float, int]]:
+    """Started children's figures, their subscribers read until they exit (a message still
+    unread when its publisher closes is lost)."""
+    received = dict.fromkeys(children, 0)
+    lines: dict[str, str] = {}
+    while len(lines) < len(children):
+        subs = [(mode, sub) for mode, (_, sub) in children.items() if sub is not None]
+        for mode, sub in subs:
+            received[mode] += len(sub.receive(0.05 / len(subs), max_messages=100_000))
+        if not subs:
             time.sleep(0.05)
-        if child.poll() is not None or sub is None:
-            line = child.stdout.readline()
-    if sub is not None:
-        received += len(sub.receive(0.2, max_messages=100_000))
-        sub.close()
-    child.wait()
-    cpu, wall, main_cpu, publisher, zmq_io = (float(x) for x in line.split())
-    rest = cpu - main_cpu - publisher - zmq_io
-    PARTS.setdefault(f"{mode} {kind}", []).append((publisher, zmq_io, rest))
-    return cpu, wall, main_cpu, received
+        for mode, (child, _) in children.items():
+            if mode not in lines and child.poll() is not None:
+                assert child.stdout is not None
+                lines[mode] = child.stdout.read().strip().splitlines()[-1]
+    out = {}
+    for mode, (child, sub) in children.items():
+        if sub is not None:
+            received[mode] += len(sub.receive(0.2, max_messages=100_000))
+            sub.close()
+        assert child.wait() == 0, f"the {mode} child failed"
+        cpu, wall, main_cpu, publisher, zmq_io = (float(x) for x in lines[mode].split())
+        rest = cpu - main_cpu - publisher - zmq_io
+        PARTS.setdefault(f"{mode} {kind}", []).append((publisher, zmq_io, rest))
+        out[mode] = (cpu, wall, main_cpu, received[mode])
+    return out
 
 
 def spread(values: list[float]) -> str:
@@ -454,17 +505,36 @@ def in_context(p: Probe, batch: object) -> None:
         print(f"    {name + ':':<37}{spread(diffs)}")
 
 
-def pairs_of(kind: str, pairs: int) -> None:
+def other_cpus() -> tuple[int, set[int]] | None:
+    """A CPU for a round's children and the rest for this process, or None on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (cpus[-1], set(cpus[:-1])) if len(cpus) > 1 else None
+
+
+def pairs_of(kind: str, pairs: int, shared_core: bool = False) -> None:
     """Each round runs a bare child, a probe child and a "floor" child (a generator that
     only reads the clock before and after next(), as any timing of the loop must), in
-    a rotating order; the costs are each child's CPU less its round's bare child's."""
+    a rotating order; the costs are each child's CPU less its round's bare child's.
+
+    ``shared_core``: the round's three children run at once, all on one CPU, this
+    process (the probe's subscriber) on the others (see the module's docstring)."""
+    cpus = other_cpus() if shared_core else None
+    saved = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus[1])
     cpu_costs, wall_costs, main_costs, bare_steps = [], [], [], []
     floor_cpu, floor_main = [], []
     modes = ("bare", "probe", "floor")
     for i in range(pairs):
         order = modes[i % 3 :] + modes[: i % 3]
         layout = random.randrange(2**32)
-        results = {mode: run(mode, kind, layout) for mode in order}
+        if cpus is None:
+            results = {mode: run(mode, kind, layout) for mode in order}
+        else:
+            children = {mode: launch(mode, kind, STEPS, layout, cpu=cpus[0]) for mode in order}
+            for mode in order:
+                go(children[mode][0])
+            results = finish_all(kind, children)
         cpu_b, wall_b, main_b, _ = results["bare"]
         cpu_p, wall_p, main_p, got = results["probe"]
         cpu_f, _, main_f, _ = results["floor"]
@@ -475,9 +545,17 @@ def pairs_of(kind: str, pairs: int) -> None:
         floor_cpu.append((cpu_f - cpu_b) / STEPS * 1e6)
         floor_main.append((main_f - main_b) / STEPS * 1e6)
         bare_steps.append(cpu_b / STEPS * 1e6)
+    os.sched_setaffinity(0, saved)
     print(f"probe cost per step over {KINDS[kind]}")
+    how = (
+        f"at once on CPU {cpus[0]}"
+        if cpus is not None
+        else "one after the other"
+        if not shared_core
+        else "one after the other (one CPU: none to share)"
+    )
     print(
-        f"{pairs} interleaved subprocess rounds (bare, probe, floor) x {STEPS} steps"
+        f"{pairs} subprocess rounds (bare, probe, floor; {how}) x {STEPS} steps"
         f" of {ADDITIONS} additions, each round in its own memory layout"
     )
     print(f"  bare step (CPU):                       {statistics.median(bare_steps):.1f} us")
@@ -486,7 +564,7 @@ def pairs_of(kind: str, pairs: int) -> None:
     print(f"  training-thread wall time:             {spread(wall_costs)}")
     print(f"  floor, two clock reads around next():  {spread(floor_cpu)}")
     print(f"    of which the training thread's CPU:  {spread(floor_main)}")
-    parts = PARTS[f"probe {kind}"]
+    parts = PARTS.pop(f"probe {kind}")
     for i, name in enumerate(("publisher thread (loop)", "zmq I/O thread (loop)", "close + rest")):
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
@@ -576,6 +654,7 @@ def main() -> None:
     ADDITIONS = int(sys.argv[3]) if len(sys.argv) > 3 else ADDITIONS
     for kind in KINDS if which == "both" else (which,):
         pairs_of(kind, pairs)
+        pairs_of(kind, pairs, shared_core=True)
         in_one_process(kind)
     components()
     slow_steps()

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import StepRecord, Steps, System
-from gputop_dl.probe.protocol import HostRun, encode, encode_steps
+from gputop_dl.probe.protocol import HostRun, encode, encode_steps, pack_readings
 from gputop_dl.probe.transport import Publisher
 from gputop_dl.tui.record.writer import RecordWriter
 from tests.fakes_tui import HOST, SOURCE_ID, T0, hello, system_sample
@@ -90,7 +90,7 @@ def as_run(records: list[StepRecord]) -> HostRun:
     for r in records:
         start = r.end_time - r.period_s
         readings += [ns(start + (r.wait_s or 0.0), r.index + 1), ns(r.end_time, r.index + 2)]
-    return HostRun(first.index, readings, [r.samples for r in records])
+    return HostRun(first.index, pack_readings(readings), [r.samples for r in records])
 
 
 def samples_bytes(folder: Path, real: bool) -> float:

@@ -20,7 +20,7 @@ import json, os, socket, sys, time
 from gputop_dl.probe import discovery
 from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
-from gputop_dl.probe.protocol import HostRun, encode, encode_steps
+from gputop_dl.probe.protocol import HostRun, encode, encode_steps, pack_readings
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.probe.transport import Publisher
 
@@ -57,7 +57,7 @@ while not seconds or time.time() - t0 < seconds:
             readings = [round((ends[0] - 1 / rate) * 1e9)]
             for end in ends:
                 readings += [round((end - 0.7 / rate) * 1e9), round(end * 1e9)]
-            run = HostRun(last[r] + 1, readings, [32] * per)
+            run = HostRun(last[r] + 1, pack_readings(readings), [32] * per)
             pub.send(encode_steps(ids[r], start, [], flushes, 0, 0, [run], 0))
         else:
             recs = tuple(StepRecord(index=last[r] + 1 + i, end_time=now - (per - 1 - i) / rate,

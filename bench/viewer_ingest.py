@@ -29,7 +29,7 @@ import time
 
 from gputop_dl.probe.core import flush_period
 from gputop_dl.probe.messages import Hello, StepRecord, Steps, System
-from gputop_dl.probe.protocol import HostRun, decode, encode, encode_steps
+from gputop_dl.probe.protocol import HostRun, decode, encode, encode_steps, pack_readings
 from gputop_dl.probe.samples import CpuCore, CpuSample, SystemSample
 from gputop_dl.tui.events import Received
 from gputop_dl.tui.state import ViewerState
@@ -83,7 +83,7 @@ def frames(steps_as: str = "cuda") -> list[tuple[float, list[bytes], int]]:
             for r in records:
                 end_ns = round((r.end_time - T0) * 1e9)
                 readings += [end_ns - round((r.period_s - r.wait_s) * 1e9), end_ns]  # type: ignore[operator]
-            run = HostRun(first, readings, [64] * per_flush)
+            run = HostRun(first, pack_readings(readings), [64] * per_flush)
             encoded = encode_steps(SID, T0, [], flush, 0, 0, [run], 0)
         else:
             encoded = encode(Steps(source_id=SID, records=tuple(records), sent=flush, dropped=0))

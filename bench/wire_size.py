@@ -87,7 +87,7 @@ def main() -> None:
         segment = Segment(123_456, 0, (256, 10**9, 256))
         t = time.perf_counter_ns()
         for _ in range(n):
-            segment.stamps += [t, t + 2_100_000]
+            segment.stamps.extend([t, t + 2_100_000])
             t += 12_300_000
         segment.stamps.append(t)
         first_end = segment.stamps[2]  # the base: the message's first end, as the probe's

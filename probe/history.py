@@ -3,8 +3,8 @@ into ``steps`` messages for the wire (live, and replayed to a late subscriber).
 
 A batch holds its steps as the wire carries them (docs/protocol.md, ``steps``): wire rows
 (integer microseconds after ``base``) or runs (the training thread's clock readings,
-nanoseconds counting from ``clock_ns`` at ``base``), in index order. A drain's batch holds
-one or the other; a message's body, merged from several, may hold both. A batch is cut,
+nanoseconds counting from ``clock_ns`` at ``base``, packed), in index order. A drain's
+batch holds one or the other; a message's body, merged from several, may hold both. A batch is cut,
 kept and sent as lists: nothing here looks at each step (but the last few periods).
 """
 
@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import floordiv, sub
 
-from gputop_dl.probe.protocol import MICROS, NS_PER_US, HostRow, HostRun, reading_us
+from gputop_dl.probe.protocol import (
+    MICROS,
+    NS_PER_US,
+    READING_BYTES,
+    HostRow,
+    HostRun,
+    last_reading,
+    reading_us,
+    unpack_readings,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +53,8 @@ class Batch:
     def last_end(self) -> float:
         """The Unix time its last step ended, rounded as the wire rounds it."""
         if self.runs:
-            return self.base + reading_us(self.runs[-1].readings[-1], self.clock_ns) / MICROS
+            last = last_reading(self.runs[-1].readings)
+            return self.base + reading_us(last, self.clock_ns) / MICROS
         return self.base + self.rows[-1].end_us / MICROS
 
     def periods_us(self, at_most: int) -> list[int]:
@@ -52,7 +62,8 @@ class Batch:
         the typical period: a run's are not rounded reading by reading, as the wire's)."""
         if not self.runs:
             return [row.period_us for row in self.rows[-at_most:]]
-        readings = self.runs[-1].readings[-(2 * at_most + 1) :]  # odd: from a start on
+        # odd: from a start on
+        readings = unpack_readings(self.runs[-1].readings[-(2 * at_most + 1) * READING_BYTES :])
         spans = map(sub, readings[2::2], readings[0:-1:2])
         return list(map(floordiv, spans, repeat(NS_PER_US)))
 
@@ -65,7 +76,8 @@ class Batch:
             count -= len(runs.pop(0).samples)
         if count:
             run = runs[0]
-            runs[0] = HostRun(run.first + count, run.readings[2 * count :], run.samples[count:])
+            readings = run.readings[2 * count * READING_BYTES :]
+            runs[0] = HostRun(run.first + count, readings, run.samples[count:])
         return Batch(self.base, runs=runs, clock_ns=self.clock_ns)
 
 

@@ -9,7 +9,9 @@ else. Nothing is ever unpickled. See ``docs/protocol.md``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from operator import attrgetter, floordiv, sub
 from typing import Annotated, Any, overload
@@ -27,7 +29,7 @@ from gputop_dl.probe.messages import (
     Steps,
     System,
 )
-from gputop_dl.probe.samples import MAX_COUNT, Count, Str, Time
+from gputop_dl.probe.samples import Count, Str, Time
 
 PROTOCOL_MAJOR = 2
 PROTOCOL_MINOR = 0
@@ -147,17 +149,45 @@ class WireRow(HostRow, array_like=True, gc=False):
 
 class HostRun(msgspec.Struct, array_like=True, gc=False):
     """Steps the probe timed in a row (docs/protocol.md, "StepRun"): the clock readings
-    as the training thread took them, in nanoseconds, and one count per step. The
-    publisher sends the lists as they are: no object and no arithmetic per step."""
+    as the training thread took them, in nanoseconds, packed (:func:`pack_readings`),
+    and one count per step. The publisher copies the readings' bytes as they are: no
+    object and no arithmetic per step."""
 
     first: int  # the index of its first step
-    readings: list[int]  # start, batch arrival of each step, then the last step's end
+    readings: bytes  # start, batch arrival of each step, then the last step's end
     samples: list[int | None]
 
 
-# A run is checked as a whole by the decoder: its readings never go back, and there are
-# two per step and one more.
-_Reading = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+# A run's readings on the wire: signed 64-bit little-endian integers, 8 bytes each.
+READING_BYTES = 8
+_NATIVE_LE = sys.byteorder == "little"
+
+
+def pack_readings(readings: array[int] | Iterable[int]) -> bytes:
+    """Clock readings as a run's ``readings`` bytes (an ``array('q')`` is copied once)."""
+    if not isinstance(readings, array):
+        readings = array("q", readings)
+    if _NATIVE_LE:
+        return readings.tobytes()
+    swapped = array("q", readings)
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def unpack_readings(packed: bytes) -> array[int]:
+    """A run's ``readings`` bytes as integers (a length not a multiple of 8: ValueError)."""
+    readings = array("q")
+    readings.frombytes(packed)
+    if not _NATIVE_LE:
+        readings.byteswap()
+    return readings
+
+
+def last_reading(packed: bytes) -> int:
+    """The last of a run's packed readings."""
+    return int.from_bytes(packed[-READING_BYTES:], "little", signed=True)
+
+
 # Runs in one message. A run costs a reader a few microseconds besides its steps, so a
 # message of many one-step runs is a reader's dearest per byte: capped at what a probe
 # can send (a message of at most RECORDS_PER_MESSAGE steps, each run at least one).
@@ -166,8 +196,13 @@ MAX_RUNS = 2_000
 
 class WireRun(msgspec.Struct, array_like=True, frozen=True, gc=False):
     first: Count
+    # Checked as a whole by the decoder: a multiple of 8 bytes, 2k + 1 readings for k
+    # counts, never going back.
     readings: Annotated[
-        tuple[_Reading, ...], msgspec.Meta(min_length=3, max_length=2 * MAX_RECORDS + 1)
+        bytes,
+        msgspec.Meta(
+            min_length=3 * READING_BYTES, max_length=(2 * MAX_RECORDS + 1) * READING_BYTES
+        ),
     ]
     samples: Annotated[tuple[Count | None, ...], msgspec.Meta(min_length=1, max_length=MAX_RECORDS)]
 
@@ -419,12 +454,16 @@ def _rows_of_runs(clock_ns: int, runs: tuple[WireRun, ...]) -> tuple[tuple[WireS
     plausible = True
     offset = clock_ns - NS_PER_US // 2  # as reading_us, in C maps
     for run in runs:
-        readings, samples = run.readings, run.samples
+        samples = run.samples
         steps = len(samples)
-        if len(readings) != 2 * steps + 1:
+        if len(run.readings) != (2 * steps + 1) * READING_BYTES:
             raise MalformedMessage(
-                f"steps: a run of {steps} steps has {len(readings)} readings, not {2 * steps + 1}"
+                f"steps: a run of {steps} steps has {len(run.readings)} bytes of readings,"
+                f" not {(2 * steps + 1) * READING_BYTES} (2k + 1 readings of 8 bytes)"
             )
+        readings = unpack_readings(run.readings)
+        if readings[0] < 0:
+            raise MalformedMessage("steps: a run's clock reading is negative")
         us = list(map(floordiv, map(sub, readings, repeat(offset)), repeat(float(NS_PER_US))))
         # Rounding keeps their order: rounded readings that go back come from readings
         # that do. (An already sorted list sorts in one pass, as fast as any C check.)
@@ -563,6 +602,7 @@ __all__ = [
     "PLAUSIBLE_SAMPLES",
     "PROTOCOL_MAJOR",
     "PROTOCOL_MINOR",
+    "READING_BYTES",
     "HostRow",
     "HostRun",
     "IncompatibleVersion",
@@ -576,7 +616,10 @@ __all__ = [
     "decode",
     "encode",
     "encode_steps",
+    "last_reading",
     "micros",
+    "pack_readings",
     "reading_us",
+    "unpack_readings",
     "wire_rows",
 ]

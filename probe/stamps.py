@@ -3,26 +3,28 @@
 Once a pass's timing and counts are settled (host clock, counts known or counted by the
 probe's own counter), ``watch`` hands the loop to a chain of C iterators: per step they
 read the clock, fetch the batch, read the clock again and append both readings (integer
-nanoseconds) to a list, and the generator only passes each batch on: no Python of the
-probe's runs between steps (figures in bench/probe_overhead.py).
+nanoseconds) to an array of 8-byte integers, and the generator only passes each batch
+on: no Python of the probe's runs between steps (figures in bench/probe_overhead.py).
 
 A :class:`Segment` is one run of that chain, at most CHUNK_STEPS steps: its readings
 alternate ``t0, t1`` per step, and a step's end is the next step's ``t0``, so with
 ``len(stamps) == 2k + 1`` the first k steps are complete. The training thread only appends;
-the publisher thread reads complete steps by position (never mutating the list) and
-sends them as they are, a wire *run* (docs/protocol.md): a slice of the readings and a
-list of counts; or, when a drain sends rows anyway, as wire rows made column by column.
+the publisher thread reads complete steps by position (never mutating the array) and
+sends them as they are, a wire *run* (docs/protocol.md): the bytes of a slice of the
+readings and a list of counts; or, when a drain sends rows anyway, as wire rows made
+column by column.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator
 from itertools import repeat, starmap, tee
 from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
-from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun
+from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun, pack_readings
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
@@ -57,7 +59,11 @@ class Segment:
         # position `known`, `last` at it; None: `counts` holds one count per step.
         self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
         self.counts: list[int | None] | None = [] if plan is None else None
-        self.stamps: list[int] = []  # perf_counter_ns readings: t0, t1 of each step
+        # perf_counter_ns readings, t0 and t1 of each step, stored as 8-byte integers: an
+        # int object kept per reading cost the training thread ~1 us a step on a shared
+        # core, through the allocator it shares with the publisher (bench/probe_overhead.py).
+        # Never exported (no memoryview of it): appending must not fail.
+        self.stamps = array("q")
         # The chain takes one item of this list per step: clearing it stops the chain
         # before its next clock reading (a loop entered inside this one: Probe).
         self.gate: list[None] = [None] * CHUNK_STEPS
@@ -80,12 +86,15 @@ class Segment:
         return map(_batch, zip(gate, clock, batches, clock, counted, strict=False))
 
     def run(self, upto: int) -> HostRun:
-        """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings
-        and counts as they are, no arithmetic per step; marks them taken."""
+        """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'
+        bytes and the counts as they are, no object and no arithmetic per step; marks
+        them taken."""
         start = self.taken
         self.taken = upto
         return HostRun(
-            self.first + start, self.stamps[2 * start : 2 * upto + 1], self._counts(start, upto)
+            self.first + start,
+            pack_readings(self.stamps[2 * start : 2 * upto + 1]),
+            self._counts(start, upto),
         )
 
     def rows(self, base_ns: int, upto: int) -> list[HostRow]:

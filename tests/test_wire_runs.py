@@ -26,6 +26,7 @@ from gputop_dl.probe.protocol import (
     StepRows,
     decode,
     encode_steps,
+    pack_readings,
 )
 from gputop_dl.probe.stamps import Segment
 from tests.test_probe import attached, tcp_probe
@@ -72,18 +73,19 @@ def test_a_probes_message_never_holds_more_runs_than_a_reader_takes() -> None:
     assert RECORDS_PER_MESSAGE <= MAX_RUNS
 
 
-def test_a_run_costs_about_twenty_bytes_a_step() -> None:
-    # 6 steps of ~1 ms: 9-byte readings, 1-byte counts
+def test_a_run_costs_seventeen_bytes_a_step() -> None:
+    # 6 steps: two 8-byte readings and a 1-byte count each
     run = segment((32, 100, 32), READINGS).run(6)
-    empty = len(encode_steps("h:1", BASE, [], 0, 0, 0, [HostRun(0, [CLOCK] * 3, [1])], CLOCK)[1])
+    one = HostRun(0, pack_readings([CLOCK] * 3), [1])
+    empty = len(encode_steps("h:1", BASE, [], 0, 0, 0, [one], CLOCK)[1])
     size = len(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK)[1])
     per_step = (size - empty) / 5
-    assert per_step <= 20
+    assert per_step <= 17
 
 
 def test_records_and_runs_of_one_message_are_read_in_index_order() -> None:
     # A pass's Python-timed first steps as rows, the rest as a run, and a later row.
-    run = HostRun(2, [CLOCK + i * 1_000_000 for i in range(5)], [4, 4])
+    run = HostRun(2, pack_readings([CLOCK + i * 1_000_000 for i in range(5)]), [4, 4])
     rows = [HostRow(0, 0, 900, 100, 4), HostRow(1, 1, 1, 0, 4), HostRow(4, 6000, 1000, 0, 4)]
     message = decode(encode_steps("h:1", BASE, rows, 0, 0, 0, [run], CLOCK))
     assert isinstance(message, Steps)
@@ -107,7 +109,8 @@ DAY_NS = 86_400 * 10**9
 def test_an_implausible_run_is_read_but_left_to_the_viewers_general_path(
     readings: list[int], samples: list[int | None], plausible: bool
 ) -> None:
-    message = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [HostRun(0, readings, samples)], CLOCK))
+    run = HostRun(0, pack_readings(readings), samples)
+    message = decode(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK))
     assert isinstance(message, Steps) and isinstance(message.records, StepRows)
     assert message.records.plausible is plausible
     assert message.records[0].samples == samples[0]
@@ -131,31 +134,35 @@ def runs_payload(runs: list[Any], records: list[Any] | None = None, **body: Any)
     return [b"gputop.steps", msgpack.packb(data)]
 
 
+P = pack_readings
 R = [CLOCK, CLOCK + 10, CLOCK + 1_000]  # one step
 MALFORMED_RUNS = {
-    "a reading short": runs_payload([[0, R[:2], [1]]]),
-    "a reading more": runs_payload([[0, [*R, CLOCK + 2_000], [1]]]),
-    "no steps": runs_payload([[0, R[:1], []]]),
-    "readings go back": runs_payload([[0, [CLOCK, CLOCK + 9_000, CLOCK + 5_000], [1]]]),
+    "a reading short": runs_payload([[0, P(R[:2]), [1]]]),
+    "a reading more": runs_payload([[0, P([*R, CLOCK + 2_000]), [1]]]),
+    "a byte more": runs_payload([[0, P(R) + b"\0", [1]]]),
+    "no steps": runs_payload([[0, P(R[:1]), []]]),
+    "readings go back": runs_payload([[0, P([CLOCK, CLOCK + 9_000, CLOCK + 5_000]), [1]]]),
     "an arrival after the next start": runs_payload(
-        [[0, [CLOCK, CLOCK + 9_000, CLOCK + 5_000, CLOCK + 9_500, CLOCK + 12_000], [1, 1]]]
+        [[0, P([CLOCK, CLOCK + 9_000, CLOCK + 5_000, CLOCK + 9_500, CLOCK + 12_000]), [1, 1]]]
     ),
-    "a negative reading": runs_payload([[0, [-1, 0, 10], [1]]]),
-    "a float reading": runs_payload([[0, [float(CLOCK), CLOCK + 1.0, CLOCK + 2.0], [1]]]),
-    "a reading past 2^63": runs_payload([[0, [2**63, 2**63, 2**63], [1]]]),
-    "a negative count": runs_payload([[0, R, [-1]]]),
-    "a negative index": runs_payload([[-1, R, [1]]]),
-    "an end before base": runs_payload([[0, R, [1]]], clock_ns=CLOCK + 2_000),
+    "a negative reading": runs_payload([[0, P([-1, 0, 10]), [1]]]),
+    "all readings negative": runs_payload([[0, P([-30, -20, -10]), [1]]], clock_ns=0),
+    "a reading past 2^63 (negative as int64)": runs_payload([[0, P(R)[:16] + b"\xff" * 8, [1]]]),
+    "readings as integers, not bytes": runs_payload([[0, R, [1]]]),
+    "readings as a string": runs_payload([[0, "x" * 24, [1]]]),
+    "a negative count": runs_payload([[0, P(R), [-1]]]),
+    "a negative index": runs_payload([[-1, P(R), [1]]]),
+    "an end before base": runs_payload([[0, P(R), [1]]], clock_ns=CLOCK + 2_000),
     "an end after 1e13 us": runs_payload(
-        [[0, [CLOCK, CLOCK, CLOCK + 2 * 10**16], [1]]], base_time=1.0
+        [[0, P([CLOCK, CLOCK, CLOCK + 2 * 10**16]), [1]]], base_time=1.0
     ),
-    "an end after the year 2286": runs_payload([[0, R, [1]]], base_time=1e10),
-    "run as a map": runs_payload([{"first": 0, "readings": R, "samples": [1]}]),
+    "an end after the year 2286": runs_payload([[0, P(R), [1]]], base_time=1e10),
+    "run as a map": runs_payload([{"first": 0, "readings": P(R), "samples": [1]}]),
     "too many steps with the records": runs_payload(
-        [[0, [CLOCK] * 20_001, [None] * 10_000]], records=[[10**6, 0, 1, 0, None]] * 10_001
+        [[0, P([CLOCK] * 20_001), [None] * 10_000]], records=[[10**6, 0, 1, 0, None]] * 10_001
     ),
-    "a negative clock": runs_payload([[0, R, [1]]], clock_ns=-1),
-    "more runs than a probe sends": runs_payload([[i, R, [1]] for i in range(MAX_RUNS + 1)]),
+    "a negative clock": runs_payload([[0, P(R), [1]]], clock_ns=-1),
+    "more runs than a probe sends": runs_payload([[i, P(R), [1]] for i in range(MAX_RUNS + 1)]),
 }
 
 
@@ -165,7 +172,9 @@ def test_a_malformed_run_is_a_typed_error(frames: list[bytes]) -> None:
         decode(frames)
 
 
-readings = st.lists(st.integers(-5, 2**64 - 1), min_size=0, max_size=9)
+readings = st.binary(max_size=80) | st.lists(
+    st.integers(-5, 2**63 - 1), min_size=0, max_size=9
+).map(pack_readings)
 counts = st.lists(st.none() | st.integers(-2, 2**40), min_size=0, max_size=4)
 
 
@@ -175,7 +184,7 @@ counts = st.lists(st.none() | st.integers(-2, 2**40), min_size=0, max_size=4)
     clock=st.integers(-1, 2**64 - 1),
 )
 def test_fuzz_runs_only_raise_protocol_errors(
-    runs: list[tuple[int, list[int], list[int | None]]], clock: int
+    runs: list[tuple[int, bytes, list[int | None]]], clock: int
 ) -> None:
     frames = runs_payload([list(run) for run in runs], clock_ns=clock)
     with contextlib.suppress(ProtocolError):
@@ -218,7 +227,7 @@ def test_a_settled_watch_loop_reaches_the_wire_as_runs_every_step_once() -> None
     assert 0.0002 <= hello["typical_period_s"] < 0.01
     raw_runs = [b["runs"] for b in reader.of_kind("steps") if b.get("runs")]
     assert raw_runs  # the probe sent runs, not only rows
-    assert all(len(r[1]) == 2 * len(r[2]) + 1 for runs in raw_runs for r in runs)
+    assert all(len(r[1]) == 8 * (2 * len(r[2]) + 1) for runs in raw_runs for r in runs)
     steps = {int(r["index"]): r for r in reader.steps()}
     assert set(steps) == set(range(3_000))  # each once after de-duplication, none lost
     assert all(r["samples"] == 16 for r in steps.values())

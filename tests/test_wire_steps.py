@@ -13,7 +13,14 @@ from gputop_dl.probe import core
 from gputop_dl.probe.core import _DrainState
 from gputop_dl.probe.history import Batch, messages, trim
 from gputop_dl.probe.messages import Steps
-from gputop_dl.probe.protocol import HostRun, WireRow, decode, encode_steps
+from gputop_dl.probe.protocol import (
+    HostRun,
+    WireRow,
+    decode,
+    encode_steps,
+    pack_readings,
+    unpack_readings,
+)
 from tests.test_probe import attached, tcp_probe
 
 US = 1_000_000
@@ -49,7 +56,7 @@ def run(first: int, ends_us: list[int], count: int | None = 32) -> HostRun:
     readings = [ends_us[0] * 1000 - 1_000_000]
     for end in ends_us:
         readings += [end * 1000 - 500_000, end * 1000]
-    return HostRun(first, readings, [count] * len(ends_us))
+    return HostRun(first, pack_readings(readings), [count] * len(ends_us))
 
 
 @pytest.mark.parametrize(
@@ -93,8 +100,9 @@ def test_history_trims_by_age_then_by_count(
         first = history[0].runs[0].first if as_runs else history[0].rows[0].index
         assert first == index - kept
     for kept_run in (r for batch in history for r in batch.runs):  # cut: still whole steps
-        assert len(kept_run.readings) == 2 * len(kept_run.samples) + 1
-        ends = kept_run.readings[2::2]
+        readings = unpack_readings(kept_run.readings)
+        assert len(readings) == 2 * len(kept_run.samples) + 1
+        ends = readings[2::2].tolist()
         assert ends == [end_of[kept_run.first + i] * 1000 for i in range(len(ends))]
 
 
@@ -173,7 +181,11 @@ def test_replayed_records_are_identical_to_the_originals() -> None:
         # a run of steps ending at 2, 5, 9 ms (readings: start, arrival, end, ...)
         (Batch(0.0, runs=[run(0, [2_000, 5_000, 9_000])]), 2, [3_000, 4_000]),
         (Batch(0.0, runs=[run(0, [2_000, 5_000, 9_000])]), 30, [1_000, 3_000, 4_000]),
-        (Batch(0.0, runs=[HostRun(0, [400, 600, 2_399], [1])], clock_ns=100), 30, [1]),
+        (
+            Batch(0.0, runs=[HostRun(0, pack_readings([400, 600, 2_399]), [1])], clock_ns=100),
+            30,
+            [1],
+        ),
     ],
 )
 def test_a_batch_tells_its_last_periods(batch: Batch, at_most: int, periods: list[int]) -> None:

@@ -5,6 +5,7 @@ If this reader and the probe disagree, the protocol page is wrong or the probe i
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any
 
@@ -82,9 +83,11 @@ class WireReader:
 
     @staticmethod
     def run_steps(run: list[Any], base_time: float, clock_ns: int) -> list[dict[str, Any]]:
-        """A StepRun's steps as records: step j starts at reading 2j, its batch arrives
-        at 2j+1, it ends at 2j+2; each reading rounded to the nearest microsecond."""
-        first, readings, samples = run[:3]
+        """A StepRun's steps as records: its readings are little-endian signed 64-bit
+        integers; step j starts at reading 2j, its batch arrives at 2j+1, it ends at
+        2j+2; each reading rounded to the nearest microsecond."""
+        first, packed, samples = run[:3]
+        readings = struct.unpack(f"<{len(packed) // 8}q", packed)
         us = [(r - clock_ns + 500) // 1000 for r in readings]
         return [
             WireReader.step(
