@@ -4,8 +4,9 @@ into ``steps`` messages for the wire (live, and replayed to a late subscriber).
 A batch holds its steps as the wire carries them (docs/protocol.md, ``steps``): wire rows
 (integer microseconds after ``base``) or runs (the training thread's clock readings,
 nanoseconds counting from ``clock_ns`` at ``base``, packed), in index order. A drain's
-batch holds one or the other; a message's body, merged from several, may hold both. A batch is cut,
-kept and sent as lists: nothing here looks at each step (but the last few periods).
+batch holds one or the other; a message's body, merged from several, may hold both. A
+batch is cut, kept and sent as lists and bytes: nothing here looks at each step (but the
+last few periods).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun, pack_readings
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
-# costs ~0.01 us a step at this size; a segment nobody drains holds ~80 KB.
+# costs ~0.01 us a step at this size; a segment nobody drains holds ~24 KB.
 CHUNK_STEPS = 1024
 _batch = itemgetter(2)  # (gate, t0, batch, t1[, None]) -> batch
 
@@ -60,8 +60,8 @@ class Segment:
         self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
         self.counts: list[int | None] | None = [] if plan is None else None
         # perf_counter_ns readings, t0 and t1 of each step, stored as 8-byte integers: an
-        # int object kept per reading cost the training thread ~1 us a step on a shared
-        # core, through the allocator it shares with the publisher (bench/probe_overhead.py).
+        # int object kept per reading cost the training thread 0.3-0.8 us a step more on a
+        # core shared with other work (bench/probe_overhead.py), 0.1 less alone.
         # Never exported (no memoryview of it): appending must not fail.
         self.stamps = array("q")
         # The chain takes one item of this list per step: clearing it stops the chain
