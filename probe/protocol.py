@@ -165,13 +165,11 @@ _NATIVE_LE = sys.byteorder == "little"
 
 def pack_readings(readings: array[int] | Iterable[int]) -> bytes:
     """Clock readings as a run's ``readings`` bytes (an ``array('q')`` is copied once)."""
-    if not isinstance(readings, array):
+    if not isinstance(readings, array) or not _NATIVE_LE:  # a copy, swapped in place
         readings = array("q", readings)
-    if _NATIVE_LE:
-        return readings.tobytes()
-    swapped = array("q", readings)
-    swapped.byteswap()
-    return swapped.tobytes()
+    if not _NATIVE_LE:
+        readings.byteswap()
+    return readings.tobytes()
 
 
 def unpack_readings(packed: bytes) -> array[int]:

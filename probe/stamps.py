@@ -91,6 +91,8 @@ class Segment:
         them taken."""
         start = self.taken
         self.taken = upto
+        # A slice (a copy), not a memoryview: while one is exported the training thread's
+        # next append would raise.
         return HostRun(
             self.first + start,
             pack_readings(self.stamps[2 * start : 2 * upto + 1]),
