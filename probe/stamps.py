@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterator
-from itertools import repeat, starmap, tee
+from itertools import repeat, starmap
 from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
@@ -81,9 +81,13 @@ class Segment:
         gate = iter(self.gate)
         if self.counts is None:
             return map(_batch, zip(gate, clock, iterator, clock, strict=False))
-        batches, looked = tee(iterator)
-        counted = map(self.counts.append, map(count, looked))
-        return map(_batch, zip(gate, clock, batches, clock, counted, strict=False))
+        # The batch goes to the counter through a one-item dict: stored as it is fetched,
+        # taken out to be counted. itertools.tee, the obvious tool, keeps every item until
+        # 57 have passed: up to 56 batches (pinned memory, device tensors) held for nothing.
+        held: dict[int, Any] = {}
+        fetched = map(held.setdefault, repeat(0), iterator)
+        counted = map(self.counts.append, map(count, map(held.pop, repeat(0))))
+        return map(_batch, zip(gate, clock, fetched, clock, counted, strict=False))
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

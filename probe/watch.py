@@ -120,9 +120,9 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            # Counting each batch in C takes itertools.tee, which would call __copy__ on an
-            # iterator that has one and fetch every batch twice: those stay in Python.
-            count_in_c = self._samples is None and not hasattr(iterator, "__copy__")
+            # The probe's own counter never raises, so its batches can be counted in C; a
+            # user's samples= function stays in Python, where its errors are caught.
+            own_counter = self._samples is None
             position = 0
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
                 t0 = perf()
@@ -169,7 +169,7 @@ class Watched(Generic[T]):
                     t0 = t_next
                     # Timing and counts settled (the rest of the plan, or our own counter):
                     # the rest of the pass runs in C (probe/stamps.py).
-                    counts_settled = position < known or (known < 0 and count_in_c)
+                    counts_settled = position < known or (known < 0 and own_counter)
                     alone = probe._passes == 1 and probe.enabled  # no other loop's steps
                     if fast and counts_settled and alone and not pids_late:
                         break

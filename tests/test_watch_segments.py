@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -290,8 +291,8 @@ def test_the_publishers_rows_are_not_tracked_by_the_collector_and_keep_five_fiel
 
 def test_an_iterator_that_copies_itself_is_never_read_twice(p: probe.Probe) -> None:
     class Cursor:
-        """An iterator with __copy__ (an independent cursor): itertools.tee copies such
-        iterators instead of sharing one, so counting in C would fetch every batch twice."""
+        """An iterator with __copy__ (an independent cursor): itertools.tee, had the C
+        loop used it to count batches, would copy it and fetch every batch twice."""
 
         fetched = 0
 
@@ -340,3 +341,31 @@ def test_a_settled_pass_keeps_no_object_per_clock_reading(
     time.sleep(0.6)  # drained into the history (its 20,000 steps all kept)
     grown = sys.getallocatedblocks() - before
     assert grown < 4_000, f"{grown} blocks kept for 40,001 readings"
+
+
+def test_a_counted_pass_holds_no_batch_the_loop_has_moved_past(
+    p: probe.Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stamps, "CHUNK_STEPS", 1024)
+    # A batch can be large (pinned host memory, or already on the device): counting it
+    # must not keep it alive. itertools.tee, which counted C-timed batches before, held
+    # every batch until 57 had passed (its buffer's block): up to 56 batches more.
+    alive: set[int] = set()
+
+    class Batch:
+        shape = (8, 1)
+
+    def loader() -> Iterator[Batch]:
+        for i in range(300):
+            batch = Batch()
+            alive.add(i)
+            weakref.finalize(batch, alive.discard, i)
+            yield batch
+
+    reader = attached(p)
+    most = 0
+    for batch in p.watch(loader()):
+        most = max(most, len(alive))
+        del batch
+    assert most <= 2, f"{most} batches alive at once"  # the one in hand, the one fetched
+    assert [r["samples"] for r in published(p, reader)] == [8] * 300
