@@ -176,6 +176,7 @@ class Watched(Generic[T]):
                 else:
                     return  # exhausted in the loop above
                 position += 1
+                del batch  # the frame lives as long as the pass: it must not keep this batch
                 settled_plan = plan if known >= 0 else None  # None: each batch counted
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
                     segment = Segment(probe._index, position, settled_plan)
