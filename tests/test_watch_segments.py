@@ -233,6 +233,38 @@ def test_a_batch_whose_count_raises_is_counted_as_unknown_not_raised(p: probe.Pr
     assert rows[30]["samples"] is None and rows[31]["samples"] == 8
 
 
+def test_every_kind_of_batch_reaches_the_loop_itself_in_order_with_its_count(
+    p: probe.Probe,
+) -> None:
+    # The counter takes each batch from a dict keyed by 0: a batch that is None, a
+    # repeated object, an unhashable or empty container, or a dict must come through as
+    # itself, once, and be counted as the Python counter counts it.
+    same = np.zeros((3, 2))
+    data: list[Any] = [
+        *batches(10),  # the first steps settle the timing; the rest are C-timed
+        None,
+        same,
+        same,
+        [np.zeros((5, 1)), "label"],
+        [],
+        {"x": np.zeros((6, 1))},
+        {},
+        np.float64(1.0),
+        np.zeros(()),
+        (np.zeros((7, 1)),),
+        *batches(10),
+    ]
+    reader = attached(p)
+    seen, timed_in_c = [], []
+    for batch in p.watch(data):
+        seen.append(batch)
+        timed_in_c.append(p._segment is not None)
+    assert len(seen) == len(data) and all(a is b for a, b in zip(seen, data, strict=True))
+    assert all(timed_in_c[10:20])
+    counts = [r["samples"] for r in published(p, reader)]
+    assert counts == [8] * 10 + [None, 3, 3, 5, None, 6, None, None, None, 7] + [8] * 10
+
+
 def test_a_publisher_that_stops_draining_bounds_the_memory_and_counts_the_loss(
     p: probe.Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
