@@ -120,8 +120,8 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            # The probe's own counter never raises, so its batches can be counted in C; a
-            # user's samples= function stays in Python, where its errors are caught.
+            # The probe's own counter never raises, so the C-timed chain may call it bare;
+            # a user's samples= function stays in this loop, where its errors are caught.
             own_counter = self._samples is None
             position = 0
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
