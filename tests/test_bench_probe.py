@@ -7,10 +7,11 @@ publisher's work; a change there must not leave the bench broken until someone r
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
-from bench import probe_overhead
+from bench import probe_overhead, probe_window
 
 
 def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
@@ -36,3 +37,16 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
     # Every figure is a number (a child that failed would leave none, or a nan).
     medians = re.findall(r"median (-?\d+\.\d+) us", out)
     assert len(medians) >= 15 and "nan" not in out
+
+
+def test_the_window_bench_reports_each_kind_from_children_held_to_one_window(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe_window, "WINDOW", (0.3, 1.3, 1.5))
+    monkeypatch.setattr(sys, "argv", ["probe_window.py", "2"])
+    probe_window.main()
+    out = capsys.readouterr().out
+    assert "held to one window" in out
+    for kind in probe_window.KINDS[1:]:
+        assert re.search(rf"{kind}: +median -?\d+\.\d+ us", out), f"{kind} missing:\n{out}"
+    assert "nan" not in out

@@ -1,0 +1,134 @@
+"""The probe's cost to the training thread on a core shared with other processes, each
+round's children held to one common window.
+
+``bench/probe_overhead.py`` runs a round's children at once on one CPU from one signal
+to their own ends; the slowest (the probe) then runs alone for its last steps, with the
+core to itself. Here every child loops until a deadline and reads its training thread's
+CPU time and its step count at two instants inside that window, the same instants for
+all, so all of them share the core for the whole measurement. The figure is the
+training thread's CPU per step above the round's bare child (the publisher's own thread
+is not in it: ``probe_overhead.py`` gives that part).
+
+Children, each over a list of numpy batches with 1,200 additions of Python work a step:
+``bare``; ``floor`` (a generator that reads the clock around ``next()``); ``counted`` (a
+probe's ``watch``, each batch counted); ``known`` (the same with ``samples=32``: no
+batch looked at); ``idle`` (a probe created but not watching, the bare loop: what its
+threads cost the loop by being there). Run: ``python bench/probe_window.py [rounds]``.
+2026-11-26 (docs/measurements.md): counted 1.35-2.32 us a step, known 0.95-1.19, idle
+0.33-0.49, floor about 0.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+KINDS = ("bare", "floor", "counted", "known", "idle")
+WINDOW = (0.7, 3.7, 4.4)  # seconds after the start: measure from, measure to, stop
+LEAD_S = 4.0  # from launch to the start: every child has imported and built its loop
+
+CHILD = r"""
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[3])})  # before any thread starts: all inherit it
+import numpy as np
+from gputop_dl import probe
+
+kind, start = sys.argv[1], float(sys.argv[2])
+batches = [(np.zeros((32, 4)), np.zeros(32))] * 400_000
+
+def work():
+    x = 0
+    for i in range(1_200):
+        x += i
+    return x
+
+def two_clock_reads(batches):
+    perf = time.perf_counter
+    for batch in batches:
+        perf()
+        yield batch
+        perf()
+
+p = None
+if kind != "bare" and kind != "floor":
+    p = probe.Probe(name="window", listen="tcp://127.0.0.1:*", system_interval_s=0)
+loop = {
+    "bare": lambda: iter(batches),
+    "floor": lambda: two_clock_reads(batches),
+    "counted": lambda: p.watch(batches),
+    "known": lambda: p.watch(batches, samples=32),
+    "idle": lambda: iter(batches),
+}[kind]()
+
+def timed(loop):
+    perf, cpu = time.perf_counter, time.thread_time_ns
+    since, until, stop = (start + float(s) for s in sys.argv[4:7])
+    while perf() < start:
+        time.sleep(0.001)
+    steps = 0
+    first = last = None
+    for _ in loop:
+        work()
+        steps += 1
+        if not steps & 31:  # every child reads the clock as often
+            now = perf()
+            if first is None and now >= since:
+                first = (cpu(), steps)
+            elif last is None and now >= until:
+                last = (cpu(), steps)
+            elif now >= stop:
+                break
+    return (last[0] - first[0]) / (last[1] - first[1]) / 1e3
+
+print(timed(loop))
+if p is not None:
+    p.close()
+"""
+
+
+def round_of(cpu: int, seed: int) -> dict[str, float]:
+    """One round: every kind at once on ``cpu``, the training thread's us a step."""
+    start = time.perf_counter() + LEAD_S  # CLOCK_MONOTONIC: one clock for every child
+    env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+    kinds = random.sample(KINDS, len(KINDS))
+    running = {
+        kind: subprocess.Popen(
+            [sys.executable, "-c", CHILD, kind, str(start), str(cpu), *map(str, WINDOW)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        for kind in kinds
+    }
+    out = {kind: child.communicate()[0].strip() for kind, child in running.items()}
+    for kind, child in running.items():
+        assert child.returncode == 0 and out[kind], f"the {kind} child failed"
+    return {kind: float(line) for kind, line in out.items()}
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+    cpu = max(os.sched_getaffinity(0))
+    results = [round_of(cpu, random.randrange(2**32)) for _ in range(rounds)]
+    bare = [r["bare"] for r in results]
+    print(
+        f"training thread's CPU a step above a bare child, {rounds} rounds of "
+        f"{len(KINDS)} children at once on CPU {cpu}, held to one window "
+        f"({WINDOW[1] - WINDOW[0]:.0f} s); bare step {statistics.median(bare):.1f} us"
+    )
+    for kind in KINDS[1:]:
+        costs = [r[kind] - r["bare"] for r in results]
+        low, _, high = statistics.quantiles(costs, n=4) if len(costs) > 1 else costs * 3
+        print(
+            f"  {kind + ':':<9} median {statistics.median(costs):.2f} us"
+            f" (IQR {low:.2f}..{high:.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
