@@ -118,7 +118,25 @@ KINDS = {
     "dataloader": "a torch DataLoader, counts from torch's batching",
 }
 
-CHILD = r"""
+# A step's Python work and the floor loop, the same text in every bench child (this one's
+# and bench/probe_window.py's): both need ADDITIONS, time.
+STEP_AND_FLOOR = r"""
+def work():  # ~100 us of Python
+    x = 0
+    for i in range(ADDITIONS):
+        x += i
+    return x
+
+def two_clock_reads(batches):  # the floor: what any timing of next() must do
+    perf = time.perf_counter
+    for batch in batches:
+        perf()
+        yield batch
+        perf()
+"""
+
+CHILD = (
+    r"""
 import os, random, sys, time
 if os.environ.get("GPUTOP_BENCH_CPU"):  # before any thread starts: all inherit it
     os.sched_setaffinity(0, {int(os.environ["GPUTOP_BENCH_CPU"])})
@@ -172,13 +190,9 @@ else:
         return [(np.zeros((32, 3)), np.zeros(32))] * steps
 
 batches = make_batches(STEPS)
-
-def work():  # ~100 us of Python
-    x = 0
-    for i in range(ADDITIONS):
-        x += i
-    return x
-
+"""
+    + STEP_AND_FLOOR
+    + r"""
 def timed(loop):
     c0, w0, m0 = time.process_time(), time.perf_counter(), time.thread_time()
     for _ in loop:
@@ -197,13 +211,6 @@ DEPTH = rng.randrange(24)
 
 def at_depth(depth, loop):
     return at_depth(depth - 1, loop) if depth else timed(loop)
-
-def two_clock_reads(batches):  # the floor: what any timing of next() must do
-    perf = time.perf_counter
-    for batch in batches:
-        perf()
-        yield batch
-        perf()
 
 # One process, one probe, one heap: blocks of STEPS steps of three loops in a shuffled
 # order, back to back as a training runs them, the training thread's CPU read per block.
@@ -291,6 +298,7 @@ c1 = time.process_time()
 print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
       sum(v for k, v in parts.items() if k.startswith("ZMQ")), flush=True)
 """
+)
 
 
 def launch(

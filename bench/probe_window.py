@@ -13,7 +13,10 @@ Children, each over a list of numpy batches with 1,200 additions of Python work 
 ``bare``; ``floor`` (a generator that reads the clock around ``next()``); ``counted`` (a
 probe's ``watch``, each batch counted); ``known`` (the same with ``samples=32``: no
 batch looked at); ``idle`` (a probe created but not watching, the bare loop: what its
-threads cost the loop by being there). Run: ``python bench/probe_window.py [rounds]``.
+threads cost the loop by being there). No subscriber is attached: the publisher encodes
+and sends all the same (zmq drops what no peer takes), as ``probe_overhead.py`` showed
+a subscriber changes nothing there. Run: ``python bench/probe_window.py [rounds]``
+(``spread`` and the children's CPU as ``probe_overhead.py`` has them).
 2026-11-26 (docs/measurements.md): counted 1.35-2.32 us a step, known 0.95-1.19, idle
 0.33-0.49, floor about 0.
 """
@@ -26,12 +29,18 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.probe_overhead import STEP_AND_FLOOR, other_cpus, spread
 
 KINDS = ("bare", "floor", "counted", "known", "idle")
 WINDOW = (0.7, 3.7, 4.4)  # seconds after the start: measure from, measure to, stop
 LEAD_S = 4.0  # from launch to the start: every child has imported and built its loop
 
-CHILD = r"""
+CHILD = (
+    r"""
 import os, sys, time
 os.sched_setaffinity(0, {int(sys.argv[3])})  # before any thread starts: all inherit it
 import numpy as np
@@ -40,19 +49,10 @@ from gputop_dl import probe
 kind, start = sys.argv[1], float(sys.argv[2])
 batches = [(np.zeros((32, 4)), np.zeros(32))] * 400_000
 
-def work():
-    x = 0
-    for i in range(1_200):
-        x += i
-    return x
-
-def two_clock_reads(batches):
-    perf = time.perf_counter
-    for batch in batches:
-        perf()
-        yield batch
-        perf()
-
+ADDITIONS = 1_200
+"""
+    + STEP_AND_FLOOR
+    + r"""
 p = None
 if kind != "bare" and kind != "floor":
     p = probe.Probe(name="window", listen="tcp://127.0.0.1:*", system_interval_s=0)
@@ -88,6 +88,7 @@ print(timed(loop))
 if p is not None:
     p.close()
 """
+)
 
 
 def round_of(cpu: int, seed: int) -> dict[str, float]:
@@ -113,7 +114,8 @@ def round_of(cpu: int, seed: int) -> dict[str, float]:
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
-    cpu = max(os.sched_getaffinity(0))
+    shared = other_cpus()  # the children's CPU; on a one-CPU machine, that one
+    cpu = shared[0] if shared is not None else next(iter(os.sched_getaffinity(0)))
     results = [round_of(cpu, random.randrange(2**32)) for _ in range(rounds)]
     bare = [r["bare"] for r in results]
     print(
@@ -122,12 +124,7 @@ def main() -> None:
         f"({WINDOW[1] - WINDOW[0]:.0f} s); bare step {statistics.median(bare):.1f} us"
     )
     for kind in KINDS[1:]:
-        costs = [r[kind] - r["bare"] for r in results]
-        low, _, high = statistics.quantiles(costs, n=4) if len(costs) > 1 else costs * 3
-        print(
-            f"  {kind + ':':<9} median {statistics.median(costs):.2f} us"
-            f" (IQR {low:.2f}..{high:.2f})"
-        )
+        print(f"  {kind + ':':<9} {spread([r[kind] - r['bare'] for r in results])}")
 
 
 if __name__ == "__main__":

@@ -323,8 +323,8 @@ def test_the_publishers_rows_are_not_tracked_by_the_collector_and_keep_five_fiel
 
 def test_an_iterator_that_copies_itself_is_never_read_twice(p: probe.Probe) -> None:
     class Cursor:
-        """An iterator with __copy__ (an independent cursor): itertools.tee, had the C
-        loop used it to count batches, would copy it and fetch every batch twice."""
+        """An iterator with __copy__ (an independent cursor), C-timed like any other: the
+        counter must not copy it (itertools.tee would) and so fetch every batch twice."""
 
         fetched = 0
 
@@ -360,7 +360,7 @@ def test_a_settled_pass_keeps_no_object_per_clock_reading(
 ) -> None:
     # Readings are 8-byte integers in an array (training thread) and bytes (history), not
     # int objects: on a core shared with other work, the allocator the training thread
-    # shares with the publisher made each drain's list of ints cost it ~1 ms.
+    # shares with the publisher made each drain's list of ints cost it ~0.6 ms.
     monkeypatch.setattr(stamps, "CHUNK_STEPS", 1024)
     steps = [1.0] * 20_000
     for _ in p.watch(steps[:100], samples=1):  # the first pass's imports and objects
@@ -387,7 +387,7 @@ def test_a_counted_pass_holds_no_batch_the_loop_has_moved_past(
     class Batch:
         shape = (8, 1)
 
-    def loader() -> Iterator[Batch]:
+    def tracked() -> Iterator[Batch]:
         for i in range(300):
             batch = Batch()
             alive.add(i)
@@ -396,7 +396,7 @@ def test_a_counted_pass_holds_no_batch_the_loop_has_moved_past(
 
     reader = attached(p)
     most = 0
-    for batch in p.watch(loader()):
+    for batch in p.watch(tracked()):
         most = max(most, len(alive))
         del batch
     assert most == 1, f"{most} batches alive at once"  # only the one in hand
