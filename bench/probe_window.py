@@ -9,16 +9,18 @@ all, so all of them share the core for the whole measurement. The figure is the
 training thread's CPU per step above the round's bare child (the publisher's own thread
 is not in it: ``probe_overhead.py`` gives that part).
 
-Children, each over a list of numpy batches with 1,200 additions of Python work a step:
+Children, each over a list of numpy batches with ADDITIONS additions of Python work a
+step (1,200 by default, ~27 us here; 4,800 make the ~110 us step the goal was set with):
 ``bare``; ``floor`` (a generator that reads the clock around ``next()``); ``counted`` (a
-probe's ``watch``, each batch counted); ``known`` (the same with ``samples=32``: no
-batch looked at); ``idle`` (a probe created but not watching, the bare loop: what its
-threads cost the loop by being there). No subscriber is attached: the publisher encodes
-and sends all the same (zmq drops what no peer takes), as ``probe_overhead.py`` showed
-a subscriber changes nothing there. Run: ``python bench/probe_window.py [rounds]``
-(``spread`` and the children's CPU as ``probe_overhead.py`` has them).
-2026-11-26 (docs/measurements.md): counted 1.35-2.32 us a step, known 0.95-1.19, idle
-0.33-0.49, floor about 0.
+probe's ``watch``, each batch counted); ``asleep`` (the same, its publisher never
+waking once the steps have begun: what its drains cost the loop is ``counted`` less
+this); ``known`` (``watch`` with ``samples=32``: no batch looked at); ``idle`` (a probe
+created but not watching, the bare loop: what its threads cost the loop by being
+there). No subscriber is attached: the publisher encodes and sends all the same (zmq
+drops what no peer takes), as ``probe_overhead.py`` showed a subscriber changes nothing
+there. Run: ``python bench/probe_window.py [rounds] [additions]`` (``spread`` and the
+children's CPU as ``probe_overhead.py`` has them).
+Figures (2026-11-26/27) are in docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.probe_overhead import STEP_AND_FLOOR, other_cpus, spread
+from bench.probe_overhead import ADDITIONS, STEP_AND_FLOOR, other_cpus, spread
 
-KINDS = ("bare", "floor", "counted", "known", "idle")
+KINDS = ("bare", "floor", "counted", "asleep", "known", "idle")
+# The asleep child's publisher period once steps come: longer than any round.
+ASLEEP_FLUSH_S = 1000.0
 WINDOW = (0.7, 3.7, 4.4)  # seconds after the start: measure from, measure to, stop
 LEAD_S = 4.0  # from launch to the start: every child has imported and built its loop
 
@@ -49,17 +53,19 @@ from gputop_dl import probe
 kind, start = sys.argv[1], float(sys.argv[2])
 batches = [(np.zeros((32, 4)), np.zeros(32))] * 400_000
 
-ADDITIONS = 1_200
+ADDITIONS = int(sys.argv[7])
 """
     + STEP_AND_FLOOR
     + r"""
 p = None
 if kind != "bare" and kind != "floor":
-    p = probe.Probe(name="window", listen="tcp://127.0.0.1:*", system_interval_s=0)
+    asleep = {"flush_interval_s": float(sys.argv[8])} if kind == "asleep" else {}
+    p = probe.Probe(name="window", listen="tcp://127.0.0.1:*", system_interval_s=0, **asleep)
 loop = {
     "bare": lambda: iter(batches),
     "floor": lambda: two_clock_reads(batches),
     "counted": lambda: p.watch(batches),
+    "asleep": lambda: p.watch(batches),
     "known": lambda: p.watch(batches, samples=32),
     "idle": lambda: iter(batches),
 }[kind]()
@@ -91,14 +97,24 @@ if p is not None:
 )
 
 
-def round_of(cpu: int, seed: int) -> dict[str, float]:
+def round_of(cpu: int, seed: int, additions: int) -> dict[str, float]:
     """One round: every kind at once on ``cpu``, the training thread's us a step."""
     start = time.perf_counter() + LEAD_S  # CLOCK_MONOTONIC: one clock for every child
     env = {**os.environ, "PYTHONHASHSEED": str(seed)}
     kinds = random.sample(KINDS, len(KINDS))
     running = {
         kind: subprocess.Popen(
-            [sys.executable, "-c", CHILD, kind, str(start), str(cpu), *map(str, WINDOW)],
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                kind,
+                str(start),
+                str(cpu),
+                *map(str, WINDOW),
+                str(additions),
+                str(ASLEEP_FLUSH_S),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -114,14 +130,16 @@ def round_of(cpu: int, seed: int) -> dict[str, float]:
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+    additions = int(sys.argv[2]) if len(sys.argv) > 2 else ADDITIONS
     shared = other_cpus()  # the children's CPU; on a one-CPU machine, that one
     cpu = shared[0] if shared is not None else next(iter(os.sched_getaffinity(0)))
-    results = [round_of(cpu, random.randrange(2**32)) for _ in range(rounds)]
+    results = [round_of(cpu, random.randrange(2**32), additions) for _ in range(rounds)]
     bare = [r["bare"] for r in results]
     print(
         f"training thread's CPU a step above a bare child, {rounds} rounds of "
         f"{len(KINDS)} children at once on CPU {cpu}, held to one window "
-        f"({WINDOW[1] - WINDOW[0]:.0f} s); bare step {statistics.median(bare):.1f} us"
+        f"({WINDOW[1] - WINDOW[0]:.0f} s), {additions} additions a step; "
+        f"bare step {statistics.median(bare):.1f} us"
     )
     for kind in KINDS[1:]:
         print(f"  {kind + ':':<9} {spread([r[kind] - r['bare'] for r in results])}")
