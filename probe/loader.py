@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gputop_dl.probe.messages import LoaderInfo
 
@@ -263,7 +263,9 @@ def infer_samples(batch: Any) -> int | None:
     return None
 
 
-# How sample_counter reaches the array in a batch: the batch itself, its first item
+T = TypeVar("T")
+
+# How counting() reaches the array in a batch: the batch itself, its first item
 # (list, tuple), or its first value (dict).
 _SELF, _FIRST_ITEM, _FIRST_VALUE = 0, 1, 2
 
@@ -298,46 +300,68 @@ def _route(batch: Any) -> tuple[type, int, type, bool] | None:
     return outer, how, inner, is_ndarray
 
 
-def sample_counter() -> Callable[[Any], int | None]:
-    """:func:`infer_samples` for one loader, with the same answers, faster.
+def counting(append: Callable[[int | None], object]) -> Callable[[T], T]:
+    """A function that passes each batch on as it is and appends its count (what
+    :func:`infer_samples` says) with ``append``: one loader's batches, counted faster.
 
     A loader yields batches of one structure: the way to the array is learned from the
     first batch and, while two type checks confirm it, taken directly (no failing
     attribute lookups, no isinstance); any other batch goes through ``infer_samples``.
-    The counter never raises: watch's C-timed loop (probe/stamps.py) calls it bare.
+    It never raises: watch's C-timed loop (probe/stamps.py) maps it over the batches
+    bare, as one Python call a step. (Handing the batch to a counter beside the loop,
+    through a dict and four more C iterators, cost a core shared with other processes
+    0.3-1.3 us a step more: bench/probe_window.py, docs/measurements.md.)
     """
     learned: tuple[Any, int, Any, bool] | None = None  # Any: no narrowing by type(x) is
 
-    def count(batch: Any) -> int | None:
+    def counted(batch: T) -> T:
         nonlocal learned
         route = learned
         if route is not None and type(batch) is route[0]:
             try:
                 how = route[1]
-                array = (
+                array: Any = (
                     batch
                     if how == _SELF
-                    else batch[0]
+                    else batch[0]  # type: ignore[index]
                     if how == _FIRST_ITEM
-                    else next(iter(batch.values()))
+                    else next(iter(batch.values()))  # type: ignore[attr-defined]
                 )
                 if type(array) is route[2]:
                     if route[3]:
                         try:
-                            return len(array)
+                            append(len(array))
                         except TypeError:  # a 0-d array
-                            return None
+                            append(None)
+                        return batch
                     shape = array.shape
                     if shape is not None:
-                        return int(shape[0]) if len(shape) else None
+                        append(int(shape[0]) if len(shape) else None)
+                        return batch
             except Exception:
                 pass  # not what was learned: the general way below says what it is
+        n: int | None
         try:
             learned = _route(batch)
-            return infer_samples(batch)
+            n = infer_samples(batch)
         except Exception:  # a property that raises: no count, and never an error
             learned = None
-            return None
+            n = None
+        append(n)
+        return batch
+
+    return counted
+
+
+def sample_counter() -> Callable[[Any], int | None]:
+    """:func:`infer_samples` for one loader, with the same answers, faster: a
+    :func:`counting` that keeps one count at a time (the Python-timed steps of watch)."""
+    last: list[int | None] = []
+    counted = counting(last.append)
+
+    def count(batch: Any) -> int | None:
+        counted(batch)
+        return last.pop()
 
     return count
 

@@ -4,7 +4,8 @@ Once a pass's timing and counts are settled (host clock, counts known or counted
 probe's own counter), ``watch`` hands the loop to a chain of C iterators: per step they
 read the clock, fetch the batch, read the clock again and append both readings (integer
 nanoseconds) to an array of 8-byte integers, and the generator only passes each batch
-on: no Python of the probe's runs between steps (figures in bench/probe_overhead.py).
+on: no Python of the probe's runs between steps but its batch counter, when the counts
+are not known in advance (figures in bench/probe_overhead.py, bench/probe_window.py).
 
 A :class:`Segment` is one run of that chain, at most CHUNK_STEPS steps: its readings
 alternate ``t0, t1`` per step, and a step's end is the next step's ``t0``, so with
@@ -18,18 +19,19 @@ column by column.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import repeat, starmap
 from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
+from gputop_dl.probe.loader import counting
 from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun, pack_readings
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~24 KB.
 CHUNK_STEPS = 1024
-_batch = itemgetter(2)  # (gate, t0, batch, t1[, None]) -> batch
+_batch = itemgetter(2)  # (gate, t0, batch, t1) -> batch
 
 
 class Segment:
@@ -74,20 +76,18 @@ class Segment:
         """Steps whose three readings are in (a step's end is the next one's start)."""
         return (len(self.stamps) - 1) // 2 if self.stamps else 0
 
-    def timed(self, iterator: Iterator[Any], count: Callable[[Any], int | None]) -> Any:
+    def timed(self, iterator: Iterator[Any]) -> Any:
         """``iterator``'s batches, each fetch between two clock readings; without a plan,
-        each batch's samples counted by ``count`` (total: it never raises) after the second."""
+        each batch's samples counted after the second (by the probe's own counter,
+        loader.counting, which never raises)."""
         clock = map(self.stamps.append, starmap(perf_counter_ns, repeat(())))
-        gate = iter(self.gate)
+        steps = map(_batch, zip(iter(self.gate), clock, iterator, clock, strict=False))
         if self.counts is None:
-            return map(_batch, zip(gate, clock, iterator, clock, strict=False))
-        # The batch goes to the counter through a one-item dict: stored as it is fetched,
-        # taken out to be counted. itertools.tee, the obvious tool, keeps every item until
-        # 57 have passed: up to 56 batches (pinned memory, device tensors) held for nothing.
-        held: dict[int, Any] = {}
-        fetched = map(held.setdefault, repeat(0), iterator)
-        counted = map(self.counts.append, map(count, map(held.pop, repeat(0))))
-        return map(_batch, zip(gate, clock, fetched, clock, counted, strict=False))
+            return steps
+        # The zip's tuple holds the step's batch until the next one is fetched, as without
+        # counting: the counter keeps nothing (itertools.tee, which fed a counter beside
+        # the loop, kept up to 56 batches already passed on).
+        return map(counting(self.counts.append), steps)
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

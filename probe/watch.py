@@ -120,8 +120,9 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            # The probe's own counter never raises, so the C-timed chain may call it bare;
-            # a user's samples= function stays in this loop, where its errors are caught.
+            # The probe's own counter (loader.counting) never raises, so the C-timed chain
+            # calls it bare; a user's samples= function stays in this loop, where its
+            # errors are caught.
             own_counter = self._samples is None
             position = 0
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
@@ -181,7 +182,7 @@ class Watched(Generic[T]):
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
                     segment = Segment(probe._index, position, settled_plan)
                     probe._begin_segment(segment)
-                    yield from segment.timed(iterator, count)
+                    yield from segment.timed(iterator)
                     position += len(segment.stamps) // 2  # the batches it passed on
                     if probe._end_segment(segment):
                         return  # exhausted (odd readings: the last found the loader empty)
