@@ -21,7 +21,7 @@ import zmq
 
 from gputop_dl import probe
 from gputop_dl.probe import discovery
-from gputop_dl.probe.loader import infer_samples, sample_counter
+from gputop_dl.probe.loader import counting, infer_samples, sample_counter
 from gputop_dl.probe.messages import Hello, Loop, Steps
 from gputop_dl.probe.protocol import decode
 from gputop_dl.probe.transport import Subscriber
@@ -111,6 +111,50 @@ def test_the_per_loader_counter_answers_as_infer_samples_whatever_the_batches_do
     count = sample_counter()
     for batch in batches + batches[::-1]:
         assert count(batch) == infer_samples(batch), batch
+
+
+class _Flaky:
+    """A batch whose ``shape`` raises once its type is learned: the fast way fails
+    half-way, after the type check."""
+
+    reads = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        _Flaky.reads += 1
+        if _Flaky.reads > 2:
+            raise RuntimeError("shape went away")
+        return (4, 1)
+
+
+def test_counting_passes_each_batch_on_and_appends_exactly_one_count_for_it() -> None:
+    # watch's C-timed loop maps counting() over the steps: a batch that breaks the
+    # learned way half-way, or a count that cannot be taken, must still give one count
+    # (else every later step is paired with another step's count) and never an error.
+    same = np.zeros((3, 2))
+    data: list[Any] = [
+        (np.zeros((7, 1)),),
+        (np.zeros(()),),  # learned tuple -> ndarray, but 0-d: len() raises
+        (np.ma.zeros((4, 1)),),  # an ndarray subclass where an ndarray was learned
+        _Flaky(),
+        _Flaky(),  # shape raises after the type check passed
+        _Flaky(),
+        same,
+        same,
+        None,
+        {"x": torch.zeros(5, 2)},
+        {"x": [1, 2]},  # learned dict -> tensor; the first value is a list now
+        _Shaped(None),
+        _Shaped(()),
+        [],
+    ]
+    counts: list[int | None] = []
+    counted = counting(counts.append)
+    passed = [counted(batch) for batch in data]
+    assert all(a is b for a, b in zip(passed, data, strict=True))
+    assert counts == [7, None, 4, 4, None, None, 3, 3, None, 5, None, None, None, None]
+    steady = [(c, b) for c, b in zip(counts, data, strict=True) if not isinstance(b, _Flaky)]
+    assert all(c == infer_samples(b) for c, b in steady)
 
 
 def test_step_samples_inside_a_watched_loop_overrides_the_count() -> None:

@@ -236,9 +236,9 @@ def test_a_batch_whose_count_raises_is_counted_as_unknown_not_raised(p: probe.Pr
 def test_every_kind_of_batch_reaches_the_loop_itself_in_order_with_its_count(
     p: probe.Probe,
 ) -> None:
-    # The counter takes each batch from a dict keyed by 0: a batch that is None, a
-    # repeated object, an unhashable or empty container, or a dict must come through as
-    # itself, once, and be counted as the Python counter counts it.
+    # The counter passes each batch on: a batch that is None, a repeated object, an
+    # unhashable or empty container, or a dict must come through as itself, once, and be
+    # counted as the Python-timed steps count it.
     same = np.zeros((3, 2))
     data: list[Any] = [
         *batches(10),  # the first steps settle the timing; the rest are C-timed
