@@ -309,8 +309,9 @@ def counting(append: Callable[[int | None], object]) -> Callable[[T], T]:
     attribute lookups, no isinstance); any other batch goes through ``infer_samples``.
     It never raises: watch's C-timed loop (probe/stamps.py) maps it over the batches
     bare, as one Python call a step. (Handing the batch to a counter beside the loop,
-    through a dict and four more C iterators, cost a core shared with other processes
-    0.3-1.3 us a step more: bench/probe_window.py, docs/measurements.md.)
+    through a dict and four more C iterators, cost the training thread 0.26-0.85 us a
+    step more on a core shared with other processes: bench/probe_window.py,
+    docs/measurements.md.)
     """
     learned: tuple[Any, int, Any, bool] | None = None  # Any: no narrowing by type(x) is
 
