@@ -58,7 +58,7 @@ ADDITIONS = int(sys.argv[7])
     + STEP_AND_FLOOR
     + r"""
 p = None
-if kind != "bare" and kind != "floor":
+if kind not in ("bare", "floor"):
     asleep = {"flush_interval_s": float(sys.argv[8])} if kind == "asleep" else {}
     p = probe.Probe(name="window", listen="tcp://127.0.0.1:*", system_interval_s=0, **asleep)
 loop = {
