@@ -17,6 +17,12 @@ counted) and stops its clock only after ``probe.close()`` has flushed and sent
 everything: the publisher thread's encoding and sending is counted. Goal: <= 1 us CPU
 per step.
 
+Each probe runs as on a node's local rank 0, by default: with its node sampler (psutil,
+/proc, NVML, hl-smi: once a second while a viewer is connected, as here, every 5 s while
+none is), whose thread is counted and shown as its own part. Until 2026-11-26 every
+probe here ran without it (``system_interval_s=0``), which left out its ~2 ms of CPU a
+second: about 0.2 us a step at ~100 us steps.
+
 The probe child also reads every thread's CPU from /proc/self/task/*/schedstat, so the
 whole-process figure splits into the training thread, the publisher thread and zmq's I/O
 thread (read just before ``close()``), and the rest (the final flush in ``close()``).
@@ -157,11 +163,14 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
             name = "main"
         elif PUBLISHER is not None and tid == str(PUBLISHER):
             name = "publisher"
+        elif SAMPLER is not None and tid == str(SAMPLER):
+            name = "sampler"
         out[name] = out.get(name, 0) + ns
     return out
 
 STEPS = int(sys.argv[2])
 ADDITIONS = int(sys.argv[4])
+IDLE_S = 5.0  # covers the sampler's walk of /proc, once every 5 samples
 if sys.argv[3] == "dataloader":
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -221,14 +230,14 @@ def at_depth(depth, loop):
 # without steps, measured after the run, over the time the bare and floor blocks ran:
 # in a training, that per-second work is spread over its steps alone). Then the
 # per-round differences of the training thread from the bare block, and the bare steps.
-def publishing(ns_by_thread):
-    return sum(v for k, v in ns_by_thread.items() if k == "publisher" or k.startswith("ZMQ"))
+def publishing(ns_by_thread, names=("publisher", "sampler")):
+    return sum(v for k, v in ns_by_thread.items() if k in names or k.startswith("ZMQ"))
 
 def blocks(rounds):
-    global PUBLISHER
+    global PUBLISHER, SAMPLER
     import itertools
-    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
-    PUBLISHER = p._thread.native_id
+    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*")
+    PUBLISHER, SAMPLER = p._thread.native_id, p._sampler._thread.native_id
     print(p.endpoint, flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
@@ -242,7 +251,7 @@ def blocks(rounds):
     main = {name: [] for name in passes}
     watched_s = 0.0  # wall time of the probe's blocks
     order = list(passes)
-    before = publishing(threads())
+    before = threads()
     w_start = time.perf_counter()
     for _ in range(rounds):
         rng.shuffle(order)
@@ -257,14 +266,17 @@ def blocks(rounds):
     p._publisher.wake()
     time.sleep(1.0)  # the last steps drained, encoded and sent
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
-    after = publishing(threads())
+    after = threads()
     unwatched_s = time.perf_counter() - w_start - watched_s
-    time.sleep(3.0)  # the publisher's work per second without steps
-    idle_ns_per_s = (publishing(threads()) - after) / 3.0
+    time.sleep(IDLE_S)  # the threads' work per second without steps
+    idle = threads()
     p.close()
-    others = after - before
-    by_time = others - idle_ns_per_s * unwatched_s
-    print(others / (rounds * STEPS) / 1e3, by_time / (rounds * STEPS) / 1e3)
+    def by_time(names):  # the run's CPU less its per-second work in the unwatched blocks
+        ns_per_s = (publishing(idle, names) - publishing(after, names)) / IDLE_S
+        run_ns = publishing(after, names) - publishing(before, names)
+        return (run_ns - ns_per_s * unwatched_s) / (rounds * STEPS) / 1e3
+    whole = (publishing(after) - publishing(before)) / (rounds * STEPS) / 1e3
+    print(whole, by_time(("publisher", "sampler")), by_time(("sampler",)))
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
     print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
@@ -277,11 +289,11 @@ if sys.argv[1] == "blocks":
 # loop differs. (Children that ran different code around the same loop measured up to
 # 4 us a step apart, the probe doing nothing at all.)
 mode = sys.argv[1]
-PUBLISHER = None
+PUBLISHER = SAMPLER = None
 p = None
 if mode == "probe":
-    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*", system_interval_s=0)
-    PUBLISHER = p._thread.native_id
+    p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*")
+    PUBLISHER, SAMPLER = p._thread.native_id, p._sampler._thread.native_id
     loop = p.watch(batches)
 else:
     loop = two_clock_reads(batches) if mode == "floor" else batches
@@ -296,7 +308,8 @@ if p is not None:
     p.close()
 c1 = time.process_time()
 print(c1 - c0, w1 - w0, m1 - m0, parts.get("publisher", 0.0),
-      sum(v for k, v in parts.items() if k.startswith("ZMQ")), flush=True)
+      sum(v for k, v in parts.items() if k.startswith("ZMQ")), parts.get("sampler", 0.0),
+      flush=True)
 """
 )
 
@@ -373,9 +386,9 @@ def finish_all(
             received[mode] += len(sub.receive(0.2, max_messages=100_000))
             sub.close()
         assert child.wait() == 0, f"the {mode} child failed"
-        cpu, wall, main_cpu, publisher, zmq_io = (float(x) for x in lines[mode].split())
-        rest = cpu - main_cpu - publisher - zmq_io
-        PARTS.setdefault(f"{mode} {kind}", []).append((publisher, zmq_io, rest))
+        cpu, wall, main_cpu, publisher, zmq_io, sampler = map(float, lines[mode].split())
+        rest = cpu - main_cpu - publisher - zmq_io - sampler
+        PARTS.setdefault(f"{mode} {kind}", []).append((publisher, zmq_io, sampler, rest))
         out[mode] = (cpu, wall, main_cpu, received[mode])
     return out
 
@@ -568,7 +581,8 @@ def pairs_of(kind: str, pairs: int, shared_core: bool = False) -> None:
     print(f"  floor, two clock reads around next():  {spread(floor_cpu)}")
     print(f"    of which the training thread's CPU:  {spread(floor_main)}")
     parts = PARTS.pop(f"probe {kind}")
-    for i, name in enumerate(("publisher thread (loop)", "zmq I/O thread (loop)", "close + rest")):
+    names = ("publisher thread (loop)", "zmq I/O thread (loop)", "node sampler (loop)")
+    for i, name in enumerate((*names, "close + rest")):
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
 
@@ -585,7 +599,7 @@ def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     sub.close()
     assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
     lines = child.stdout.read().splitlines()[-4:]
-    whole_run_us, others_us = (float(x) for x in lines[0].split())
+    whole_run_us, others_us, sampler_us = (float(x) for x in lines[0].split())
     main_us, floor_us, bare_us = ([float(x) for x in line.split()] for line in lines[1:])
     print(f"the same in one process, over {KINDS[kind]}")
     print(
@@ -595,8 +609,8 @@ def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
     print(f"  whole-process CPU, all threads, flushed: {spread([m + others_us for m in main_us])}")
     print(f"  of which the training thread's CPU:      {spread(main_us)}")
     print(
-        f"  of which the publisher and zmq threads:  {others_us:.2f} us"
-        f" (charged by time; {whole_run_us:.2f} all of the run's)"
+        f"  of which the publisher, sampler and zmq: {others_us:.2f} us"
+        f" (charged by time; {whole_run_us:.2f} all of the run's), the sampler {sampler_us:.2f}"
     )
     print(f"  floor, two clock reads around next():  {spread(floor_us)}")
 
@@ -606,7 +620,7 @@ import os, sys, threading, time
 from gputop_dl import probe
 from gputop_dl.probe.transport import Subscriber
 
-p = probe.Probe(name="slow", listen="tcp://127.0.0.1:*", system_interval_s=0)
+p = probe.Probe(name="slow", listen="tcp://127.0.0.1:*")
 sub = Subscriber()
 sub.connect(p.endpoint)
 time.sleep(1.0)  # attached, the first hello and facts sent
@@ -616,38 +630,40 @@ def read():  # the subscriber's own CPU is this thread's, not the publisher's
     while time.monotonic() < stop + 1:
         sub.receive(0.05, max_messages=100_000)
 threading.Thread(target=read, daemon=True).start()
-tid = p._thread.native_id
-def cpu():
+def cpu(tid):
     with open(f"/proc/self/task/{tid}/schedstat") as f:
         return int(f.read().split()[0]) / 1e9
-c0, t0 = cpu(), time.monotonic()
+tids = (p._thread.native_id, p._sampler._thread.native_id)
+c0, t0 = [cpu(t) for t in tids], time.monotonic()
 for _ in p.watch(range(10**9)):
     time.sleep(0.01)  # a 10 ms step: the GPU's, say
     if time.monotonic() > stop:
         break
-print((cpu() - c0) / (time.monotonic() - t0) * 100)
+elapsed = time.monotonic() - t0
+print(*((cpu(t) - c) / elapsed * 100 for t, c in zip(tids, c0)))
 """
 
 
 def slow_steps(repeats: int = 3, seconds: float = 10.0) -> None:
-    """The publisher thread's share of a core when steps are slow (100 steps/s): there
-    each wake-up's fixed cost, not the per-step work, is what the probe costs."""
-    shares = [
-        float(
-            subprocess.run(
-                [sys.executable, "-c", SLOW_CHILD, str(seconds)],
-                capture_output=True,
-                text=True,
-                check=True,
-                # components() switched this process's probe off: not the child's
-                env={k: v for k, v in os.environ.items() if k != "GPUTOP_DISABLE"},
-            ).stdout.split()[-1]
-        )
+    """The publisher thread's and the node sampler's shares of a core when steps are slow
+    (100 steps/s), a viewer attached: there each wake-up's and each node sample's fixed
+    cost, not the per-step work, is what the probe costs."""
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", SLOW_CHILD, str(seconds)],
+            capture_output=True,
+            text=True,
+            check=True,
+            # components() switched this process's probe off: not the child's
+            env={k: v for k, v in os.environ.items() if k != "GPUTOP_DISABLE"},
+        ).stdout.split()[-2:]
         for _ in range(repeats)
     ]
-    print(f"publisher thread at 100 steps/s ({repeats} x {seconds:.0f} s): ", end="")
-    print(f"median {statistics.median(shares):.2f} % of a core", end="")
-    print(f" ({min(shares):.2f}..{max(shares):.2f})")
+    for i, name in enumerate(("publisher thread", "node sampler (a viewer attached)")):
+        shares = [float(run[i]) for run in runs]
+        print(f"{name} at 100 steps/s ({repeats} x {seconds:.0f} s): ", end="")
+        print(f"median {statistics.median(shares):.2f} % of a core", end="")
+        print(f" ({min(shares):.2f}..{max(shares):.2f})")
 
 
 def main() -> None:

@@ -63,6 +63,10 @@ BATCH_FLUSH_S = 0.5
 BATCH_STEPS_PER_S = 100.0
 IDLE_FLUSH_S = 0.5  # publisher period while no step arrives (agents, evaluation, hangs)
 HELLO_EVERY_S = 2.0  # late subscribers learn who we are within this time
+# The node's period while no viewer is connected: its samples then only fill the history
+# a viewer gets on attach (60 of them: 5 min), and each costs ~2 ms of the training
+# process's CPU. A viewer connecting gets one at once, and one a second after.
+UNWATCHED_SAMPLE_S = 5.0
 DEVICE_EVENT_TIMEOUT_S = 5.0
 # History for subscribers that attach late (docs/protocol.md, "History on attach").
 HISTORY_S = 120.0
@@ -593,6 +597,8 @@ class Probe:
         last_flush = time.monotonic()
         stall_watch = stacks.StallWatch()
         stack_frames: list[bytes] | None = None  # the current stall's stack, for replays
+        sample_every = self._system_interval_s
+        unwatched_every = _unwatched_pace(sample_every)
         self._gather_facts()
 
         def send(frames: list[bytes]) -> None:
@@ -645,6 +651,11 @@ class Probe:
                     if now - last_extra_hello >= HELLO_MIN_INTERVAL_S:
                         last_extra_hello = now
                         self._hello_dirty.set()
+                # Nobody connected: no step or hello is encoded for no one (a viewer that
+                # attaches gets them all in the replay), and the node is sampled slower.
+                watched = subscribed > 0 or pub.peers > 0
+                if self._sampler is not None:
+                    self._sampler.pace(sample_every if watched else unwatched_every)
                 batch = self._drain(drain, wall_offset, force=stopping)
                 steps = 0 if batch is None else batch.steps
                 if not (steps or drain.pending or self._steps):
@@ -661,7 +672,7 @@ class Probe:
                     kept = trim_history(
                         history, kept + steps, time.time() - HISTORY_S, HISTORY_MAX_STEPS
                     )
-                if self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S:
+                if watched and (self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S):
                     self._hello_dirty.clear()
                     if self._device is None:
                         self._refresh_device()
@@ -671,7 +682,8 @@ class Probe:
                     state, t, index, how = self._loop_events.popleft()
                     send_message(Loop(self.source_id, state, t, index, how))
                 if batch is not None:
-                    send_steps((batch,))
+                    if watched:
+                        send_steps((batch,))
                     stack_frames = None  # a step ended: the stall (if any) is over
                 stalled = stall_watch.due(
                     time.time(),
@@ -978,11 +990,16 @@ def _make_sampler(probe: Probe) -> Any:
             data_path=probe._data_path,
             worker_pids=probe.worker_pids,
         )
+        sampler.pace(_unwatched_pace(probe._system_interval_s))  # nobody is connected yet
         sampler.start()
         return sampler
     except Exception as exc:
         log.warning("gputop probe: no system samples: %s", exc)
         return None
+
+
+def _unwatched_pace(interval_s: float) -> float:
+    return max(interval_s, UNWATCHED_SAMPLE_S)
 
 
 def _non_negative(value: float | None) -> float | None:

@@ -29,7 +29,8 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
         "of which the training thread's CPU",
         "floor, two clock reads around next()",
         "of which publisher thread (loop)",
-        "of which the publisher and zmq threads",
+        "of which node sampler (loop)",
+        "of which the publisher, sampler and zmq",
         "the same in one process",
         "at once on CPU",
     ):

@@ -591,6 +591,43 @@ def test_a_late_subscriber_gets_the_history_and_a_hello_within_a_second() -> Non
     assert hello["name"] == "late" and hello["step_count"] == 500
 
 
+def test_a_probe_nobody_watches_samples_the_node_slower_until_a_viewer_attaches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each node sample costs the training process ~2 ms of CPU, and with nobody connected
+    it only fills the history: the probe samples every UNWATCHED_SAMPLE_S then. A viewer
+    attaching gets a sample of now within a second and the probe's own pace after; when
+    the last one leaves, the slow pace is back."""
+    from gputop_dl.probe import core
+
+    monkeypatch.setattr(core, "UNWATCHED_SAMPLE_S", 1.0)
+    p = tcp_probe("pace", system_interval_s=0.1)
+
+    def sample_times(reader: WireReader, seconds: float) -> list[float]:
+        reader.pump(seconds)
+        return sorted(m["sample"]["time"] for m in reader.of_kind("system"))
+
+    time.sleep(3.3)  # nobody connected: ~3 samples, not ~33
+    attached_at = time.time()
+    reader = WireReader(p.endpoint or "")
+    times = sample_times(reader, 2.0)
+    reader.close()
+    left_at = time.time()
+    replayed = [t for t in times if t < attached_at]
+    live = [t for t in times if t >= attached_at]
+    assert 2 <= len(replayed) <= 4, replayed
+    assert live and live[0] - attached_at < 1.0
+    assert len(live) >= 10  # the probe's 0.1 s pace while watched
+
+    time.sleep(3.3)  # the last viewer gone: the slow pace again
+    reader = WireReader(p.endpoint or "")
+    times = sample_times(reader, 1.0)
+    reader.close()
+    p.close()
+    unwatched = [t for t in times if left_at + 0.5 < t < left_at + 3.3]
+    assert 1 <= len(unwatched) <= 4, unwatched
+
+
 def test_a_full_history_reaches_a_late_subscriber_whole() -> None:
     """The biggest replay a probe sends: HISTORY_SYSTEMS node samples and HISTORY_MAX_STEPS
     steps (ten steps messages), in one burst from the publisher thread. None of it may be

@@ -38,6 +38,8 @@ class NodeSampler:
         from gputop_dl.probe.collectors.processes import ProcessCollector
 
         self.interval_s = interval_s
+        self._pace = interval_s  # the period now (see pace)
+        self._wake = threading.Event()
         self.hostname = socket.gethostname()
         self._host = host
         self._main_pid = main_pid
@@ -113,9 +115,23 @@ class NodeSampler:
         # Prime the delta-based collectors so the first published sample has rates.
         with contextlib.suppress(Exception):
             self.sample()
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wake.wait(self._pace)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             with contextlib.suppress(Exception):  # a collector bug must not end sampling
                 self._out.append(self.sample())
+
+    def pace(self, interval_s: float) -> None:
+        """Sample every ``interval_s`` from now on (callable from any thread). A faster
+        pace than the current one takes a sample, the process table included, at once:
+        a viewer that just attached gets the node as it is now."""
+        faster = interval_s < self._pace
+        self._pace = interval_s
+        if faster:
+            self._top_countdown = 0
+            self._wake.set()
 
     def take(self) -> list[SystemSample]:
         """Samples produced since the last call (called from the publisher thread)."""
@@ -181,6 +197,7 @@ class NodeSampler:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         for collector in (self._hlsmi, self._nvml):
