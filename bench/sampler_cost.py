@@ -14,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Runnable as a plain script from the repo root or from bench/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gputop_dl.probe.collectors.host import HostCollector, ProcessCollector
+from gputop_dl.probe.collectors.sampler import NodeSampler
 
 CALLS = 200
 WORKERS = 4  # sleeping children standing in for DataLoader workers
@@ -70,15 +72,77 @@ def host_cost() -> tuple[float, float, float]:
             w.wait()
 
 
-# ----------------------------------------------------------------------------------------
-# GPU part: to be added by the NVML engineer (8 fake GPUs). Add a ``gpu_cost()`` here that
-# prints its rows with ``_row`` / ``measure`` and call it from ``main`` below.
-# ----------------------------------------------------------------------------------------
+def _switches() -> int:
+    """This thread's voluntary context switches so far (Linux)."""
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches"):
+                return int(line.split()[1])
+    return 0
+
+
+def _thread_cpu_s(tid: int) -> float:
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def beside_training(seconds: float = 6.0, rounds: int = 4) -> None:
+    """The probe's whole node sample (as on local rank 0), on the sampler's own thread
+    once a second, while this thread runs Python steps on any CPU, as a training's main
+    thread does. Each system call of the sampler lets go of the GIL, and taking it back
+    forces the training thread off it: a context switch of the training thread, and CPU
+    of both. Per sample: the training thread's voluntary context switches above the same
+    time with the sampler paused, and the sampler thread's CPU."""
+    sampler = NodeSampler(main_pid=os.getpid(), interval_s=1.0, host=True)
+    taken = [0]
+    sample = sampler.sample
+
+    def counted() -> Any:
+        taken[0] += 1
+        return sample()
+
+    sampler.sample = counted  # type: ignore[method-assign]
+    sampler.pace(1e9)  # paused (after its first, priming sample) until measured
+    sampler.start()
+    time.sleep(0.5)
+    assert sampler._thread is not None
+    tid = sampler._thread.native_id
+    assert tid is not None
+    switches: dict[str, list[float]] = {"on": [], "off": []}
+    cpu_ms: list[float] = []
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            if mode == "on":
+                sampler.pace(1.0)  # a sample at once, then one a second
+            n0, s0, c0, t0 = taken[0], _switches(), _thread_cpu_s(tid), time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                x = 0
+                for i in range(4_800):  # a step of Python work
+                    x += i
+            samples = max(1, taken[0] - n0) if mode == "on" else seconds
+            switches[mode].append((_switches() - s0) / samples)
+            if mode == "on":
+                cpu_ms.append((_thread_cpu_s(tid) - c0) / samples * 1e3)
+            sampler.pace(1e9)
+            time.sleep(1.2)  # the sample under way when paused lands outside the blocks
+    sampler.close()
+    base = statistics.median(switches["off"])
+    print(f"node sampler beside a busy training thread ({rounds} x {seconds:.0f} s, 1 Hz)")
+    print(
+        f"  training thread's context switches a sample: "
+        f"{statistics.median(switches['on']) - base:.1f} "
+        f"({min(switches['on']) - base:.1f}..{max(switches['on']) - base:.1f}; "
+        f"{base:.1f} a second without the sampler)"
+    )
+    print(
+        f"  sampler thread's CPU a sample:              {statistics.median(cpu_ms):.2f} ms "
+        f"({min(cpu_ms):.2f}..{max(cpu_ms):.2f})"
+    )
 
 
 def main() -> None:
     host_cost()
-    # gpu_cost()  # <- GPU/NVML figures go here
+    beside_training()
 
 
 if __name__ == "__main__":

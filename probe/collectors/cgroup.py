@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gputop_dl.probe.collectors import procfs
 from gputop_dl.probe.samples import CgroupSample, SourceStatus
 
 # cgroup v1 reports "no memory limit" as PAGE_COUNTER_MAX * page size
@@ -129,8 +130,7 @@ def throttled_pct(
 
 def _read(path: str) -> str | None:
     try:
-        with open(path) as f:
-            return f.read()
+        return procfs.read_text(path)
     except OSError:
         return None
 

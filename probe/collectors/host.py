@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from gputop_dl.probe.collectors import procfs, procstat
 from gputop_dl.probe.collectors.cgroup import CgroupReader
 from gputop_dl.probe.collectors.processes import ProcessCollector
 from gputop_dl.probe.samples import (
@@ -145,11 +146,6 @@ def _rate(cur: float | None, prev: float | None, dt: float) -> float | None:
     return d / dt
 
 
-def _read_text(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
 # --------------------------------------------------------------------------- data device
 
 
@@ -249,6 +245,8 @@ class HostCollector:
         cgroup_root: str = "/sys/fs/cgroup",
     ) -> None:
         self._proc_root = proc_root
+        # Linux: the node's counters parsed from /proc (procstat.py), without psutil
+        self._linux = os.path.exists(os.path.join(proc_root, "stat"))
         self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._cgroup = CgroupReader(proc_root=proc_root, cgroup_root=cgroup_root)
 
@@ -275,8 +273,21 @@ class HostCollector:
 
     # ---------------------------------------------------------------- sources
 
-    def _cpu(self) -> CpuSample:
+    def _read(self, name: str) -> str | None:
+        """A /proc file's text, read holding the GIL; None off Linux (psutil then)."""
+        if not self._linux:
+            return None
+        return procfs.read_text(os.path.join(self._proc_root, name))
+
+    def _cpu_times(self) -> tuple[tuple[str, ...], list[Any]]:
+        text = self._read("stat")
+        if text is not None:
+            return procstat.parse_cpu_times(text)
         times = psutil.cpu_times(percpu=True)
+        return (tuple(times[0]._fields) if times else ()), times
+
+    def _cpu(self) -> CpuSample:
+        fields, times = self._cpu_times()
         prev, self._prev_cpu = self._prev_cpu, times
         try:
             load: tuple[float, float, float] | None = os.getloadavg()
@@ -285,7 +296,6 @@ class HostCollector:
         if prev is None or len(prev) != len(times):  # first call, or a core hot-plugged
             cores = tuple(CpuCore(i, None, None, None, None, None) for i in range(len(times)))
             return CpuSample(cores=cores, load_avg=load)
-        fields = tuple(times[0]._fields) if times else ()
         if self._layout is None or self._layout.fields != fields:
             self._layout = _CoreLayout(fields)
         core = self._layout.core
@@ -294,15 +304,23 @@ class HostCollector:
             load_avg=load,
         )
 
+    def _memory_figures(self) -> procstat.Memory:
+        text = self._read("meminfo")
+        parsed = procstat.parse_meminfo(text) if text is not None else None
+        if parsed is not None:
+            return parsed
+        vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+        cached = getattr(vm, "cached", 0)  # not on every platform
+        return procstat.Memory(vm.total, vm.available, vm.used, cached, sw.total, sw.used)
+
     def _memory(self) -> MemorySample:
-        vm = psutil.virtual_memory()
-        sw = psutil.swap_memory()
+        m = self._memory_figures()
         now = time.monotonic()
         pin: int | None = None
         pout: int | None = None
         # Not Linux: swap totals still come from psutil, the rates stay None.
         with contextlib.suppress(OSError, ValueError):
-            pin, pout = parse_vmstat_swap(_read_text(os.path.join(self._proc_root, "vmstat")))
+            pin, pout = parse_vmstat_swap(procfs.read_text(os.path.join(self._proc_root, "vmstat")))
         prev, self._prev_swap = self._prev_swap, (pin, pout, now)
         swap_in = swap_out = None
         if prev is not None:
@@ -311,12 +329,12 @@ class HostCollector:
             swap_in = _rate(pin * ps if pin is not None else None, _mul(prev[0], ps), dt)
             swap_out = _rate(pout * ps if pout is not None else None, _mul(prev[1], ps), dt)
         return MemorySample(
-            total_bytes=vm.total,
-            used_bytes=vm.used,
-            available_bytes=vm.available,
-            cached_bytes=getattr(vm, "cached", None),
-            swap_total_bytes=sw.total,
-            swap_used_bytes=sw.used,
+            total_bytes=m.total,
+            used_bytes=m.used,
+            available_bytes=m.available,
+            cached_bytes=m.cached,
+            swap_total_bytes=m.swap_total,
+            swap_used_bytes=m.swap_used,
             swap_in_bps=swap_in,
             swap_out_bps=swap_out,
         )
@@ -329,7 +347,12 @@ class HostCollector:
         return skip
 
     def _disks(self) -> tuple[DiskSample, ...]:
-        counters = psutil.disk_io_counters(perdisk=True) or {}
+        text = self._read("diskstats")
+        counters: dict[str, Any] = (
+            procstat.parse_diskstats(text)
+            if text is not None
+            else psutil.disk_io_counters(perdisk=True) or {}
+        )
         now = time.monotonic()
         prev, self._prev_disk = self._prev_disk, (counters, now)
         prev_counters, dt = (prev[0], now - prev[1]) if prev is not None else ({}, 0.0)
@@ -359,7 +382,12 @@ class HostCollector:
     def _nets(self) -> tuple[NetSample, ...]:
         # "lo" is kept on purpose: local data loaders and tests talk over loopback;
         # the UI decides whether to hide it.
-        counters = psutil.net_io_counters(pernic=True)
+        text = self._read("net/dev")
+        counters: dict[str, Any] = (
+            procstat.parse_net_dev(text)
+            if text is not None
+            else psutil.net_io_counters(pernic=True)
+        )
         now = time.monotonic()
         prev, self._prev_net = self._prev_net, (counters, now)
         prev_counters, dt = (prev[0], now - prev[1]) if prev is not None else ({}, 0.0)
@@ -383,7 +411,7 @@ class HostCollector:
         errors: list[str] = []
         for res in ("cpu", "io", "memory"):
             try:
-                values[res] = parse_pressure(_read_text(os.path.join(base, res)))
+                values[res] = parse_pressure(procfs.read_text(os.path.join(base, res)))
             except OSError as exc:
                 # EOPNOTSUPP here means PSI is compiled in but disabled (psi=0 boot option).
                 errors.append(f"{res}: {exc.strerror or exc}")

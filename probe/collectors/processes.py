@@ -14,9 +14,12 @@ from collections.abc import Callable, Collection
 
 import psutil
 
+from gputop_dl.probe.collectors import procfs
+from gputop_dl.probe.collectors.top import parse_stat
 from gputop_dl.probe.samples import MAX_STR, ProcessSample, TrainingProcesses
 
 SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
+COMM_LEN = 15  # the kernel keeps this much of a process's name in /proc/<pid>/stat
 
 
 def _children_files_supported(proc_root: str) -> bool:
@@ -48,8 +51,7 @@ def descendants_from_children_files(
             continue  # exited meanwhile
         for tid in tids:
             try:
-                with open(os.path.join(task_dir, tid, "children")) as f:
-                    text = f.read()
+                text = procfs.read_text(os.path.join(task_dir, tid, "children"))
             except OSError:
                 continue
             for word in text.split():
@@ -96,6 +98,10 @@ class ProcessCollector:
         self._exclude = exclude
         self._proc_root = proc_root
         self._use_children_files = _children_files_supported(proc_root)
+        # Linux: each process from one read of /proc/<pid>/stat holding the GIL, where
+        # psutil reads stat and statm through file objects (procfs.py says why)
+        self._linux = self._use_children_files
+        self._started: dict[int, int] = {}  # pid -> start time (ticks): a reused pid
         self._main: psutil.Process | None
         try:
             self._main = psutil.Process(main_pid)
@@ -124,6 +130,8 @@ class ProcessCollector:
         return out
 
     def _one(self, pid: int, role: str, now: float) -> ProcessSample:
+        if self._linux:
+            return self._one_from_stat(pid, role, now)
         proc = self._procs.get(pid)
         if proc is None:
             proc = self._main if pid == self._main_pid and self._main else psutil.Process(pid)
@@ -137,7 +145,41 @@ class ProcessCollector:
                 rss: int | None = proc.memory_info().rss
             except psutil.AccessDenied:
                 rss = None
-        cpu_s = times.user + times.system
+        return self._with_share(pid, role, name, times.user + times.system, rss, now)
+
+    def _one_from_stat(self, pid: int, role: str, now: float) -> ProcessSample:
+        try:
+            parsed = parse_stat(procfs.read_text(f"{self._proc_root}/{pid}/stat"))
+        except OSError:
+            parsed = None
+        if parsed is None:
+            raise psutil.NoSuchProcess(pid)
+        name, _, cpu_s, rss, started = parsed
+        if self._started.setdefault(pid, started) != started:  # the pid was reused
+            if pid == self._main_pid:
+                raise psutil.NoSuchProcess(pid)
+            self._started[pid] = started
+            self._prev_cpu.pop(pid, None)
+        if len(name) >= COMM_LEN:
+            name = self._full_name(pid, name)
+        return self._with_share(pid, role, name[:MAX_STR], cpu_s, rss, now)
+
+    def _full_name(self, pid: int, comm: str) -> str:
+        """A comm the kernel cut at 15 characters, lengthened from argv[0] as psutil's
+        ``name()`` does. Read with the GIL released: /proc/<pid>/cmdline takes the
+        process's memory lock, which a process stuck in reclaim may hold."""
+        try:
+            with open(f"{self._proc_root}/{pid}/cmdline", "rb") as f:
+                argv0 = f.read(4096).split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            return comm
+        full = os.path.basename(argv0)
+        return full if full.startswith(comm) else comm
+
+    def _with_share(
+        self, pid: int, role: str, name: str, cpu_s: float, rss: int | None, now: float
+    ) -> ProcessSample:
+        """The sample, with its CPU share since this pid's previous one."""
         cpu_pct: float | None = None
         prev = self._prev_cpu.get(pid)
         if prev is not None:
@@ -150,7 +192,7 @@ class ProcessCollector:
     def sample(self) -> TrainingProcesses | None:
         """None once the main pid has vanished (or was reused by another process)."""
         main = self._main
-        if main is None or not main.is_running():
+        if main is None or not (self._linux or main.is_running()):  # Linux: in _one
             self._main = None
             return None
         parents: dict[int, int] = {}
@@ -177,10 +219,10 @@ class ProcessCollector:
                 continue  # e.g. AccessDenied on a child that changed user: skip it
         # Forget exited pids so memory stays bounded when workers are respawned each epoch.
         alive = {s.pid for s in samples}
-        for pid in list(self._procs):
-            if pid not in alive:
-                del self._procs[pid]
-                self._prev_cpu.pop(pid, None)
+        for pid in {*self._procs, *self._prev_cpu, *self._started} - alive:
+            self._procs.pop(pid, None)
+            self._prev_cpu.pop(pid, None)
+            self._started.pop(pid, None)
         worker_samples = [s for s in samples if s.role == "worker"]
         saturated = sum(
             1 for s in worker_samples if s.cpu_pct is not None and s.cpu_pct >= SATURATED_PCT

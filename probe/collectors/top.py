@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from gputop_dl.probe.collectors import procfs
 from gputop_dl.probe.samples import TopProcess
 
 TOP_BY_CPU = 10
@@ -83,15 +84,11 @@ class TopCollector:
         for entry in entries:
             if not entry.isdigit():
                 continue
-            try:  # os.open/os.read: half the cost of open() and a file object
-                fd = os.open(f"{self.proc_root}/{entry}/stat", os.O_RDONLY)
-                try:
-                    raw = os.read(fd, 4096)
-                finally:
-                    os.close(fd)
+            try:
+                text = procfs.read_text(f"{self.proc_root}/{entry}/stat")
             except OSError:
                 continue  # gone meanwhile
-            parsed = parse_stat(raw.decode(errors="replace"))
+            parsed = parse_stat(text)
             if parsed is None:
                 continue
             name, ppid, cpu_s, rss, started = parsed

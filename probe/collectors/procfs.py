@@ -1,0 +1,90 @@
+"""Whole reads of /proc and /sys files that keep the GIL.
+
+Python lets go of the GIL around each system call of a file read: ``open()`` and
+``read()`` make six or seven (open, fstat, ioctl, lseek, read, read, close), ``os.open``
+and ``os.read`` three. In a training process whose main thread runs Python, each of
+them hands the GIL to that thread, and taking it back forces the thread off it after
+the switch interval: a context switch of the training thread, and CPU on both sides.
+The node sampler reads dozens of these files a second (hundreds in a walk of /proc);
+measured beside a busy training thread (``bench/sampler_cost.py``), 96 context switches
+of the training thread and 6.3 ms of the sampler's CPU per sample. The files are made
+in memory by the kernel and answer in microseconds, so here the read runs through
+libc with the GIL held: a sample hands the GIL over a few times, not a hundred.
+
+Linux (glibc or musl) through ctypes; where that is missing, ``os.open``/``os.read``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+CHUNK = 1 << 16  # one read takes most files whole (the next finds the end)
+
+_local = threading.local()  # a buffer per thread: two samplers may read at once
+
+
+def _libc() -> ctypes.PyDLL | None:
+    """libc's open/read/close called WITH the GIL held (PyDLL), or None."""
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        libc.open.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        libc.open.restype = ctypes.c_int
+        libc.read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+        libc.read.restype = ctypes.c_ssize_t
+        libc.close.argtypes = [ctypes.c_int]
+        libc.close.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _libc()
+_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _error(path: str) -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code), path)
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file; OSError as ``open()`` raises it (ENOENT, ESRCH, EACCES, ...)."""
+    libc = _LIBC
+    if libc is None:
+        return _read_unheld(path)
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = ctypes.create_string_buffer(CHUNK)
+    fd = libc.open(os.fsencode(path), _FLAGS)
+    if fd < 0:
+        raise _error(path)
+    try:
+        parts = []
+        while True:
+            n = libc.read(fd, buf, CHUNK)
+            if n < 0:
+                raise _error(path)
+            if n == 0:
+                break
+            parts.append(ctypes.string_at(buf, n))
+    finally:
+        libc.close(fd)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def read_text(path: str) -> str:
+    """The whole file as text (bytes that are not UTF-8 replaced: names are anyone's)."""
+    return read_bytes(path).decode(errors="replace")
+
+
+def _read_unheld(path: str) -> bytes:
+    fd = os.open(path, _FLAGS)
+    try:
+        parts = []
+        while chunk := os.read(fd, CHUNK):
+            parts.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(parts)
