@@ -16,9 +16,11 @@ probe's ``watch``, each batch counted); ``asleep`` (the same, its publisher neve
 waking once the steps have begun: what its drains cost the loop is ``counted`` less
 this); ``known`` (``watch`` with ``samples=32``: no batch looked at); ``idle`` (a probe
 created but not watching, the bare loop: what its threads cost the loop by being
-there). No subscriber is attached: the publisher encodes and sends all the same (zmq
-drops what no peer takes), as ``probe_overhead.py`` showed a subscriber changes nothing
-there. Run: ``python bench/probe_window.py [rounds] [additions]`` (``spread`` and the
+there). No subscriber is attached: the publisher drains and keeps the steps but, since
+2026-11-26, encodes and sends none while no peer is connected (the replay on attach
+carries them; before, it sent them all the same and zmq dropped them). The probes run
+without the node sampler (``system_interval_s=0``): ``probe_overhead.py`` and
+``sampler_cost.py`` give its cost. Run: ``python bench/probe_window.py [rounds] [additions]`` (``spread`` and the
 children's CPU as ``probe_overhead.py`` has them).
 Figures (2026-11-26/27) are in docs/measurements.md.
 """

@@ -11,6 +11,11 @@ of the training thread and 6.3 ms of the sampler's CPU per sample. The files are
 in memory by the kernel and answer in microseconds, so here the read runs through
 libc with the GIL held: a sample hands the GIL over a few times, not a hundred.
 
+Only for files the kernel answers at once: /proc's counters, /proc/<pid>/stat, cgroup
+files. Never a network filesystem, nor /proc/<pid>/cmdline or /proc/<pid>/environ (they
+take the process's memory lock, which a process stuck in reclaim holds): while such a
+read waits, the whole training process would wait with it.
+
 Linux (glibc or musl) through ctypes; where that is missing, ``os.open``/``os.read``.
 """
 
