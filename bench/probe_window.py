@@ -20,8 +20,8 @@ there). No subscriber is attached: the publisher drains and keeps the steps but,
 2026-11-26, encodes and sends none while no peer is connected (the replay on attach
 carries them; before, it sent them all the same and zmq dropped them). The probes run
 without the node sampler (``system_interval_s=0``): ``probe_overhead.py`` and
-``sampler_cost.py`` give its cost. Run: ``python bench/probe_window.py [rounds] [additions]`` (``spread`` and the
-children's CPU as ``probe_overhead.py`` has them).
+``sampler_cost.py`` give its cost. Run: ``python bench/probe_window.py [rounds]
+[additions]`` (``spread`` and the children's CPU as ``probe_overhead.py`` has them).
 Figures (2026-11-26/27) are in docs/measurements.md.
 """
 
