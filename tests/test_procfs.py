@@ -49,6 +49,9 @@ def test_errors_are_the_oserrors_open_raises(tmp_path: Path) -> None:
     assert missing.value.errno == errno.ENOENT and missing.value.filename.endswith("gone")
     with pytest.raises(IsADirectoryError):
         procfs.read_bytes(str(tmp_path))
+    (tmp_path / "a").write_bytes(b"not this one")
+    with pytest.raises(ValueError):  # C would have read "a"
+        procfs.read_bytes(str(tmp_path / "a\0b"))
     dead = psutil.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with pytest.raises(OSError):

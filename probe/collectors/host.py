@@ -310,7 +310,7 @@ class HostCollector:
         if parsed is not None:
             return parsed
         vm, sw = psutil.virtual_memory(), psutil.swap_memory()
-        cached = getattr(vm, "cached", 0)  # not on every platform
+        cached = getattr(vm, "cached", None)  # not on every platform
         return procstat.Memory(vm.total, vm.available, vm.used, cached, sw.total, sw.used)
 
     def _memory(self) -> MemorySample:

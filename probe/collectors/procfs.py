@@ -55,14 +55,18 @@ def _error(path: str) -> OSError:
 
 
 def read_bytes(path: str) -> bytes:
-    """The whole file; OSError as ``open()`` raises it (ENOENT, ESRCH, EACCES, ...)."""
+    """The whole file; OSError as ``open()`` raises it (ENOENT, ESRCH, EACCES, ...),
+    ValueError for a path with a NUL in it."""
     libc = _LIBC
     if libc is None:
         return _read_unheld(path)
     buf = getattr(_local, "buf", None)
     if buf is None:
         buf = _local.buf = ctypes.create_string_buffer(CHUNK)
-    fd = libc.open(os.fsencode(path), _FLAGS)
+    name = os.fsencode(path)
+    if b"\0" in name:  # C would read another file: the path up to the NUL
+        raise ValueError(f"embedded null byte in {path!r}")
+    fd = libc.open(name, _FLAGS)
     if fd < 0:
         raise _error(path)
     try:

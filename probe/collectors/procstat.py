@@ -32,7 +32,7 @@ class Memory(NamedTuple):
     total: int
     available: int
     used: int  # psutil 7: total - available
-    cached: int  # Cached + SReclaimable, as psutil
+    cached: int | None  # Cached + SReclaimable, as psutil; None where not reported
     swap_total: int
     swap_used: int
 
