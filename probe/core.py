@@ -681,10 +681,21 @@ class Probe:
                 while self._loop_events:
                     state, t, index, how = self._loop_events.popleft()
                     send_message(Loop(self.source_id, state, t, index, how))
+                # A new subscriber gets its history before any newer step: the viewer
+                # takes only steps newer than the last it holds, so a live step ahead of
+                # the replay would make it drop the replayed past. While a replay is due
+                # the new steps wait in the history it sends; a subscriber admitted since
+                # this wake-up began (a send admits them too) gets a hello, then the
+                # replay, at once in the next one.
+                deferred = False
                 if batch is not None:
-                    if watched:
-                        send_steps((batch,))
                     stack_frames = None  # a step ended: the stall (if any) is over
+                    if watched and not (replay_due or stopping) and pub.subscriptions():
+                        replay_due = deferred = True
+                        self._hello_dirty.set()
+                        period = 0.0
+                    if watched and (stopping or not replay_due):
+                        send_steps((batch,))
                 stalled = stall_watch.due(
                     time.time(),
                     last_end,
@@ -708,7 +719,11 @@ class Probe:
                             continue
                         systems.append(frames)
                         send(frames)
-                if replay_due and now - last_replay >= REPLAY_MIN_INTERVAL_S and not stopping:
+                if (
+                    replay_due
+                    and now - last_replay >= REPLAY_MIN_INTERVAL_S
+                    and not (stopping or deferred)
+                ):
                     # History for whoever just attached (everyone else de-duplicates by
                     # step index); the hello above already went out.
                     # The steps first: the late viewer's graph and verdict are made of

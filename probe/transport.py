@@ -210,17 +210,21 @@ class Publisher:
                     self._wake_rx.recv(zmq.NOBLOCK)
         if self._zap in ready:
             self._admit(max_notices)
+        return self.subscriptions(max_notices) if self._sock in ready else 0
+
+    def subscriptions(self, max_notices: int = SUB_NOTICE_HWM) -> int:
+        """Subscription notices that arrived since the last look, without waiting (a
+        subscriber libzmq admitted during a send is only heard of here or in wait)."""
         subscribed = 0
-        if self._sock in ready:
-            for _ in range(max_notices):
-                if not _readable(self._sock):
-                    break
-                try:
-                    notice = self._sock.recv(zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    break
-                if notice[:1] == b"\x01":  # \x01 + topic = subscribe, \x00 = unsubscribe
-                    subscribed += 1
+        for _ in range(max_notices):
+            if not _readable(self._sock):
+                break
+            try:
+                notice = self._sock.recv(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+            if notice[:1] == b"\x01":  # \x01 + topic = subscribe, \x00 = unsubscribe
+                subscribed += 1
         return subscribed
 
     def _admit(self, max_requests: int) -> None:

@@ -3,6 +3,7 @@ training. Real DataLoaders, real ZeroMQ sockets on loopback/ipc, a real model.""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -589,6 +591,43 @@ def test_a_late_subscriber_gets_the_history_and_a_hello_within_a_second() -> Non
     assert "hello" in kinds and kinds.index("hello") < kinds.index("steps")
     hello = reader.of_kind("hello")[0]
     assert hello["name"] == "late" and hello["step_count"] == 500
+
+
+def test_a_late_subscriber_gets_the_replay_before_any_newer_live_step() -> None:
+    """The viewer takes only steps newer than the last it holds (a replay repeats
+    indices), so a new subscriber must get the history before any live step: when the
+    wake-up that saw the subscription sent its new steps first, the viewer dropped the
+    replayed past, and `gputop snapshot --wait 2` said "Warming up: 3 of 5 steps" of a
+    run of 25 (two attaches in four, at 0.7 s steps; nearly every one of a fast run)."""
+    p = tcp_probe("order", system_interval_s=0)
+    stop = threading.Event()
+
+    def train() -> None:
+        for _ in p.watch(itertools.count()):
+            time.sleep(0.004)
+            if stop.is_set():
+                break
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    firsts = []
+    try:
+        time.sleep(1.0)
+        for _ in range(6):
+            reader = WireReader(p.endpoint or "")
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not reader.steps():
+                reader.pump(0.05, until="steps")
+            steps = reader.of_kind("steps")
+            reader.close()
+            assert steps, "no steps within 2 s of attaching"
+            firsts.append(min(r["index"] for r in steps[0]["records"]))
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        trainer.join()
+        p.close()
+    assert firsts == [0] * 6, f"first step index each attach saw first: {firsts}"
 
 
 def test_a_probe_nobody_watches_samples_the_node_slower_until_a_viewer_attaches(
