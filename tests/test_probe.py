@@ -768,7 +768,12 @@ def test_history_replay_repeats_steps_with_their_own_indices() -> None:
     first = attached(p)
     for _ in p.watch(range(50)):
         pass
-    time.sleep(0.3)
+    # The steps reach the first subscriber live before the second attaches (steps not yet
+    # sent then wait for the replay, which gives them to both once: see
+    # test_a_late_subscriber_gets_the_replay_before_any_newer_live_step).
+    deadline = time.monotonic() + 5.0
+    while len({r["index"] for r in first.steps()}) < 50 and time.monotonic() < deadline:
+        first.pump(0.1)
     second = attached(p)  # its subscription replays the history to both
     first.pump(1.0)
     second.pump(0.3)
