@@ -135,6 +135,11 @@ HugePages_Total:    0
             MEMINFO.replace("MemAvailable:    9000", "MemAvailable:   99000"),
             procstat.Memory(16000, 2000, 14000, 5300, 4000, 1000),
         ),
+        # no Cached line: not reported (psutil would say 0)
+        (
+            MEMINFO.replace("Cached:          5000 kB\n", ""),
+            procstat.Memory(16000, 9000, 7000, None, 4000, 1000),
+        ),
         # before 3.14, or zero: psutil estimates it; so do we, by asking psutil
         (MEMINFO.replace("MemAvailable:    9000 kB\n", ""), None),
         (MEMINFO.replace("MemAvailable:    9000", "MemAvailable:       0"), None),
@@ -147,7 +152,7 @@ def test_meminfo_as_psutils_virtual_and_swap_memory(
     if expected is None:
         assert got is None
     else:
-        assert got == procstat.Memory(*(x * 1024 for x in expected))
+        assert got == procstat.Memory(*(None if x is None else x * 1024 for x in expected))
 
 
 DISKSTATS = (

@@ -86,7 +86,7 @@ def parse_meminfo(text: str) -> Memory | None:
         total=total * 1024,
         available=available * 1024,
         used=(total - available) * 1024,
-        cached=(kb.get("Cached", 0) + kb.get("SReclaimable", 0)) * 1024,
+        cached=(kb["Cached"] + kb.get("SReclaimable", 0)) * 1024 if "Cached" in kb else None,
         swap_total=swap_total * 1024,
         swap_used=(swap_total - swap_free) * 1024,
     )
