@@ -618,21 +618,25 @@ class Probe:
                 return
             send(frames)
 
-        def send_steps(batches: Iterable[Batch]) -> None:
-            for m in history_messages(batches, RECORDS_PER_MESSAGE):
-                sent, dropped = counters
-                send(
-                    encode_steps(
-                        self.source_id,
-                        m.base,
-                        m.rows,
-                        sent,
-                        dropped,
-                        drain.dropped_steps,
-                        m.runs,
-                        m.clock_ns,
-                    )
+        def steps_frames(batches: Iterable[Batch]) -> list[list[bytes]]:
+            sent, dropped = counters  # each message counts those before it as sent
+            return [
+                encode_steps(
+                    self.source_id,
+                    m.base,
+                    m.rows,
+                    sent + i,
+                    dropped,
+                    drain.dropped_steps,
+                    m.runs,
+                    m.clock_ns,
                 )
+                for i, m in enumerate(history_messages(batches, RECORDS_PER_MESSAGE))
+            ]
+
+        def send_steps(batches: Iterable[Batch]) -> None:
+            for frames in steps_frames(batches):
+                send(frames)
 
         def send_hello() -> None:
             typical = statistics.median(periods) / _US if periods else None
@@ -686,16 +690,20 @@ class Probe:
                 # the replay would make it drop the replayed past. While a replay is due
                 # the new steps wait in the history it sends; a subscriber admitted since
                 # this wake-up began (a send admits them too) gets a hello, then the
-                # replay, at once in the next one.
+                # replay, at once in the next one. The steps are encoded before that last
+                # look, so that it comes just before the send.
                 deferred = False
                 if batch is not None:
                     stack_frames = None  # a step ended: the stall (if any) is over
-                    if watched and not (replay_due or stopping) and pub.subscriptions():
-                        replay_due = deferred = True
-                        self._hello_dirty.set()
-                        period = 0.0
                     if watched and (stopping or not replay_due):
-                        send_steps((batch,))
+                        live = steps_frames((batch,))
+                        if not stopping and pub.subscriptions():
+                            replay_due = deferred = True
+                            self._hello_dirty.set()
+                            period = 0.0
+                        else:
+                            for frames in live:
+                                send(frames)
                 stalled = stall_watch.due(
                     time.time(),
                     last_end,
