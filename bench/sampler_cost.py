@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 # Runnable as a plain script from the repo root or from bench/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -94,14 +93,6 @@ def beside_training(seconds: float = 6.0, rounds: int = 4) -> None:
     of both. Per sample: the training thread's voluntary context switches above the same
     time with the sampler paused, and the sampler thread's CPU."""
     sampler = NodeSampler(main_pid=os.getpid(), interval_s=1.0, host=True)
-    taken = [0]
-    sample = sampler.sample
-
-    def counted() -> Any:
-        taken[0] += 1
-        return sample()
-
-    sampler.sample = counted  # type: ignore[method-assign]
     sampler.pace(1e9)  # paused (after its first, priming sample) until measured
     sampler.start()
     time.sleep(0.5)
@@ -114,12 +105,12 @@ def beside_training(seconds: float = 6.0, rounds: int = 4) -> None:
         for mode in ("off", "on"):
             if mode == "on":
                 sampler.pace(1.0)  # a sample at once, then one a second
-            n0, s0, c0, t0 = taken[0], _switches(), _thread_cpu_s(tid), time.monotonic()
+            n0, s0, c0, t0 = sampler.taken, _switches(), _thread_cpu_s(tid), time.monotonic()
             while time.monotonic() - t0 < seconds:
                 x = 0
                 for i in range(4_800):  # a step of Python work
                     x += i
-            samples = max(1, taken[0] - n0) if mode == "on" else seconds
+            samples = max(1, sampler.taken - n0) if mode == "on" else seconds
             switches[mode].append((_switches() - s0) / samples)
             if mode == "on":
                 cpu_ms.append((_thread_cpu_s(tid) - c0) / samples * 1e3)

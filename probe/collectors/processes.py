@@ -97,10 +97,10 @@ class ProcessCollector:
         # Children that are gputop's own tools (the hl-smi loop), not training workers.
         self._exclude = exclude
         self._proc_root = proc_root
-        self._use_children_files = _children_files_supported(proc_root)
-        # Linux: each process from one read of /proc/<pid>/stat holding the GIL, where
-        # psutil reads stat and statm through file objects (procfs.py says why)
-        self._linux = self._use_children_files
+        # Linux with children files: the tree from them, and each process from one read
+        # of /proc/<pid>/stat holding the GIL, where psutil reads stat and statm through
+        # file objects (procfs.py says why); psutil otherwise
+        self._linux = _children_files_supported(proc_root)
         self._started: dict[int, int] = {}  # pid -> start time (ticks): a reused pid
         self._main: psutil.Process | None
         try:
@@ -120,7 +120,7 @@ class ProcessCollector:
             return ()
 
     def _descendants(self, main: psutil.Process, parents: dict[int, int]) -> list[int]:
-        if self._use_children_files:
+        if self._linux:
             return descendants_from_children_files(self._main_pid, self._proc_root, parents)
         out = []
         for child in main.children(recursive=True):

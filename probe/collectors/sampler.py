@@ -39,6 +39,7 @@ class NodeSampler:
 
         self.interval_s = interval_s
         self._pace = interval_s  # the period now (see pace)
+        self.taken = 0  # samples the thread took, the priming one included
         self._wake = threading.Event()
         self.hostname = socket.gethostname()
         self._host = host
@@ -115,6 +116,7 @@ class NodeSampler:
         # Prime the delta-based collectors so the first published sample has rates.
         with contextlib.suppress(Exception):
             self.sample()
+        self.taken += 1
         while True:
             self._wake.wait(self._pace)
             self._wake.clear()
@@ -122,6 +124,7 @@ class NodeSampler:
                 return
             with contextlib.suppress(Exception):  # a collector bug must not end sampling
                 self._out.append(self.sample())
+            self.taken += 1
 
     def pace(self, interval_s: float) -> None:
         """Sample every ``interval_s`` from now on (callable from any thread). A faster
