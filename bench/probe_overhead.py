@@ -230,7 +230,7 @@ def at_depth(depth, loop):
 # without steps, measured after the run, over the time the bare and floor blocks ran:
 # in a training, that per-second work is spread over its steps alone). Then the
 # per-round differences of the training thread from the bare block, and the bare steps.
-def publishing(ns_by_thread, names=("publisher", "sampler")):
+def publishing(ns_by_thread, names=("publisher", "sampler")):  # zmq's I/O thread too
     return sum(v for k, v in ns_by_thread.items() if k in names or k.startswith("ZMQ"))
 
 def blocks(rounds):
@@ -263,6 +263,7 @@ def blocks(rounds):
             main[name].append(time.thread_time() - m0)
             if name == "probe":
                 watched_s += time.perf_counter() - w0
+    loop_s, loop_end = time.perf_counter() - w_start, threads()
     p._publisher.wake()
     time.sleep(1.0)  # the last steps drained, encoded and sent
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
@@ -275,8 +276,15 @@ def blocks(rounds):
         ns_per_s = (publishing(idle, names) - publishing(after, names)) / IDLE_S
         run_ns = publishing(after, names) - publishing(before, names)
         return (run_ns - ns_per_s * unwatched_s) / (rounds * STEPS) / 1e3
+    # The sampler's work does not depend on the steps: its CPU per second of the loop,
+    # beside a busy training thread in every block, over the watched blocks' time.
+    # (Its run less its per-second work idle, as for the publisher, charged the watched
+    # steps what the sampler took beside the bare and floor blocks, where it costs more
+    # than idle; and that figure counted zmq's I/O thread as the sampler's.)
+    sampler_ns = loop_end.get("sampler", 0) - before.get("sampler", 0)
+    sampler = sampler_ns * watched_s / loop_s / (rounds * STEPS) / 1e3
     whole = (publishing(after) - publishing(before)) / (rounds * STEPS) / 1e3
-    print(whole, by_time(("publisher", "sampler")), by_time(("sampler",)))
+    print(whole, by_time(("publisher",)) + sampler, sampler)
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
     print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
