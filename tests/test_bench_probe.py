@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench import probe_overhead, probe_window
+from bench import probe_overhead, probe_window, publisher_gil
 
 
 def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
@@ -50,4 +50,17 @@ def test_the_window_bench_reports_each_kind_from_children_held_to_one_window(
     assert "held to one window" in out
     for kind in probe_window.KINDS[1:]:
         assert re.search(rf"{kind}: +median -?\d+\.\d+ us", out), f"{kind} missing:\n{out}"
+    assert "nan" not in out
+
+
+def test_the_publisher_gil_bench_reports_both_arms(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["publisher_gil.py", "1", "0.5", "300"])
+    publisher_gil.main()
+    out = capsys.readouterr().out
+    for arm in ("held", "pyzmq"):
+        figures = re.search(rf"{arm} +(\d+) .* (\d+\.\d) \(.*switches/s; publisher (\d+\.\d+)", out)
+        assert figures is not None, f"{arm} missing:\n{out}"
+        assert int(figures[1]) > 0, f"{arm}: no steps:\n{out}"
     assert "nan" not in out
