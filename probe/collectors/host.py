@@ -247,6 +247,9 @@ class HostCollector:
         self._proc_root = proc_root
         # Linux: the node's counters parsed from /proc (procstat.py), without psutil
         self._linux = os.path.exists(os.path.join(proc_root, "stat"))
+        # A kernel has PSI or not for as long as it runs: looked at once (a stat lets go
+        # of the GIL, see procfs.py).
+        self._psi = os.path.isdir(os.path.join(proc_root, "pressure"))
         self._page_size = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         self._cgroup = CgroupReader(proc_root=proc_root, cgroup_root=cgroup_root)
 
@@ -405,7 +408,7 @@ class HostCollector:
 
     def _pressure(self) -> tuple[PressureSample | None, SourceStatus]:
         base = os.path.join(self._proc_root, "pressure")
-        if not os.path.isdir(base):
+        if not self._psi:
             return None, SourceStatus("pressure", False, f"no {base} (kernel without PSI)")
         values: dict[str, dict[str, float]] = {}
         errors: list[str] = []

@@ -46,7 +46,7 @@ def descendants_from_children_files(
         cur = stack.pop()
         task_dir = os.path.join(proc_root, str(cur), "task")
         try:
-            tids = os.listdir(task_dir)
+            tids = procfs.list_dir(task_dir)
         except OSError:
             continue  # exited meanwhile
         for tid in tids:

@@ -1,4 +1,5 @@
-"""Whole reads of /proc and /sys files that keep the GIL.
+"""Whole reads of /proc and /sys files, and listings of their directories, that keep
+the GIL.
 
 Python lets go of the GIL around each system call of a file read: ``open()`` and
 ``read()`` make six or seven (open, fstat, ioctl, lseek, read, read, close), ``os.open``
@@ -10,11 +11,15 @@ measured beside a busy training thread (``bench/sampler_cost.py``), 96 context s
 of the training thread and 6.3 ms of the sampler's CPU per sample. The files are made
 in memory by the kernel and answer in microseconds, so here the read runs through
 libc with the GIL held: a sample hands the GIL over a few times, not a hundred.
+``os.listdir`` lets go of it around each entry it reads (``readdir``): a walk of /proc,
+or of a training process's threads, once per process or thread. :func:`list_dir` reads
+the entries through ``getdents64`` in 64 KB at a time, with the GIL held.
 
 Only for files the kernel answers at once: /proc's counters, /proc/<pid>/stat, cgroup
-files. Never a network filesystem, nor /proc/<pid>/cmdline or /proc/<pid>/environ (they
-take the process's memory lock, which a process stuck in reclaim holds): while such a
-read waits, the whole training process would wait with it.
+files, and the directories of /proc and /sys. Never a network filesystem, nor
+/proc/<pid>/cmdline or /proc/<pid>/environ (they take the process's memory lock, which a
+process stuck in reclaim holds): while such a read waits, the whole training process
+would wait with it.
 
 Linux (glibc or musl) through ctypes; where that is missing, ``os.open``/``os.read``.
 """
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
+from typing import Any
 
 CHUNK = 1 << 16  # one read takes most files whole (the next finds the end)
 
@@ -45,8 +52,25 @@ def _libc() -> ctypes.PyDLL | None:
     return libc
 
 
+def _getdents64(libc: ctypes.PyDLL | None) -> Any:
+    """glibc's (2.30 on) and musl's ``getdents64``, with the GIL held, or None."""
+    try:
+        getdents = libc.getdents64 if libc is not None else None
+    except AttributeError:
+        return None
+    if getdents is not None:
+        getdents.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+        getdents.restype = ctypes.c_ssize_t
+    return getdents
+
+
 _LIBC = _libc()
+_GETDENTS = _getdents64(_LIBC)
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = _FLAGS | getattr(os, "O_DIRECTORY", 0)
+# struct linux_dirent64: d_ino (8 bytes), d_off (8), d_reclen (2), d_type (1), d_name
+_RECLEN = struct.Struct("=H")
+_NAME_AT = 19
 
 
 def _error(path: str) -> OSError:
@@ -60,9 +84,7 @@ def read_bytes(path: str) -> bytes:
     libc = _LIBC
     if libc is None:
         return _read_unheld(path)
-    buf = getattr(_local, "buf", None)
-    if buf is None:
-        buf = _local.buf = ctypes.create_string_buffer(CHUNK)
+    buf = _buffer()
     name = os.fsencode(path)
     if b"\0" in name:  # C would read another file: the path up to the NUL
         raise ValueError(f"embedded null byte in {path!r}")
@@ -81,6 +103,46 @@ def read_bytes(path: str) -> bytes:
     finally:
         libc.close(fd)
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def list_dir(path: str) -> list[str]:
+    """The names in directory ``path`` but ``.`` and ``..``, as ``os.listdir`` gives
+    them (any order, undecodable bytes as surrogates); OSError as it raises it."""
+    libc, getdents = _LIBC, _GETDENTS
+    if libc is None or getdents is None:
+        return os.listdir(path)
+    buf = _buffer()
+    name = os.fsencode(path)
+    if b"\0" in name:
+        raise ValueError(f"embedded null byte in {path!r}")
+    fd = libc.open(name, _DIR_FLAGS)
+    if fd < 0:
+        raise _error(path)
+    names: list[str] = []
+    try:
+        while True:
+            n = getdents(fd, buf, CHUNK)
+            if n < 0:
+                raise _error(path)
+            if n == 0:
+                return names
+            data = ctypes.string_at(buf, n)
+            at = 0
+            while at < n:
+                end = data.index(b"\0", at + _NAME_AT)
+                entry = data[at + _NAME_AT : end]
+                if entry != b"." and entry != b"..":
+                    names.append(os.fsdecode(entry))
+                at += _RECLEN.unpack_from(data, at + 16)[0]
+    finally:
+        libc.close(fd)
+
+
+def _buffer() -> Any:
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = ctypes.create_string_buffer(CHUNK)
+    return buf
 
 
 def read_text(path: str) -> str:

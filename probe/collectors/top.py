@@ -74,7 +74,7 @@ class TopCollector:
 
     def sample(self) -> tuple[TopProcess, ...] | None:
         try:
-            entries = os.listdir(self.proc_root)
+            entries = procfs.list_dir(self.proc_root)
         except OSError:
             return None  # no /proc: not Linux, not reported
         now = self.clock()
