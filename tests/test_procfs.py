@@ -4,8 +4,10 @@ that no longer hands the GIL to a busy training thread at every system call."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import struct
 import sys
 import threading
 import time
@@ -125,6 +127,33 @@ def test_a_directory_that_cannot_be_listed_raises_as_os_listdir_does(tmp_path: P
             procfs.list_dir(str(path))
     with pytest.raises(ValueError):
         procfs.list_dir(str(tmp_path / "a\0b"))
+
+
+@linux
+@pytest.mark.parametrize(
+    "record",
+    [
+        struct.pack("=QqHB", 1, 0, 0, 0) + b"name\0",  # a length of 0: would loop forever
+        struct.pack("=QqHB", 1, 0, 24, 0) + b"no-nul-in-24",  # a name without its NUL
+    ],
+)
+def test_a_malformed_directory_entry_is_an_error_not_a_hang(
+    record: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if procfs._GETDENTS is None:
+        pytest.skip("no getdents64 in this libc: os.listdir is used")
+    calls = []
+
+    def getdents(fd: int, buf: object, size: int) -> int:
+        calls.append(fd)
+        if len(calls) > 1:
+            return 0
+        ctypes.memmove(buf, record, len(record))
+        return len(record)
+
+    monkeypatch.setattr(procfs, "_GETDENTS", getdents)
+    with pytest.raises(OSError, match="malformed"):
+        procfs.list_dir(str(tmp_path))
 
 
 @linux

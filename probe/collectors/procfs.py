@@ -27,6 +27,7 @@ Linux (glibc or musl) through ctypes; where that is missing, ``os.open``/``os.re
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import struct
 import threading
@@ -129,11 +130,14 @@ def list_dir(path: str) -> list[str]:
             data = ctypes.string_at(buf, n)
             at = 0
             while at < n:
-                end = data.index(b"\0", at + _NAME_AT)
+                size = _RECLEN.unpack_from(data, at + 16)[0]
+                end = data.find(b"\0", at + _NAME_AT, at + size)
+                if end < 0:  # not the kernel's layout: never loop on it
+                    raise OSError(errno.EIO, "malformed directory entry", path)
                 entry = data[at + _NAME_AT : end]
                 if entry != b"." and entry != b"..":
                     names.append(os.fsdecode(entry))
-                at += _RECLEN.unpack_from(data, at + 16)[0]
+                at += size
     finally:
         libc.close(fd)
 
