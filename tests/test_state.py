@@ -28,7 +28,7 @@ import gputop_dl.tui.state.hosts as hosts_module
 import gputop_dl.tui.state.run as run_module
 import gputop_dl.tui.state.viewer as viewer_module
 from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps, System
-from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR
+from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR, decode, encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
@@ -891,6 +891,50 @@ def test_replayed_history_is_not_counted_twice() -> None:
     assert after.last_step_index == records[-1].index
     assert after.rate_avg == before.rate_avg
     assert len(state.steps()) == len(records)
+
+
+@pytest.mark.parametrize("wire", [False, True], ids=["records", "wire rows"])
+def test_a_replay_that_live_steps_overtook_is_taken_whole(wire: bool) -> None:
+    """A viewer attaching through a relay (or in the instant the probe hears of it) can
+    get a live step before the replay of the probe's history: the replay must not be
+    dropped as older, or the graph stays empty and the verdict waits for new steps."""
+    state = ViewerState(HOST)
+    state.apply(received(hello(started=T0), T0 + 20.0))
+    records = step_records(T0, 20.0)  # 80 steps of 0.25 s, 100 samples/s
+    live, replay = records[-3:], steps_events(records, latency_s=0.05, flush_s=2.0)
+    events = [*steps_events(live, latency_s=0.01), *replay]
+    if wire:  # as decoded from the wire: rows, not StepRecords
+        events = [
+            Received(decode(encode(event.message)), event.received)
+            for event in events
+            if isinstance(event, Received)
+        ]
+    state.apply_all(events)
+    state.tick(T0 + 20.1)
+    run = state.selected
+    assert run is not None
+    assert run.step_count == len(records) and run.last_step_index == records[-1].index
+    assert [r.index for r in state.steps()] == [r.index for r in records]
+    assert run.rate_avg is not None and run.rate_avg == pytest.approx(100.0, rel=0.02)
+    points = state.throughput()
+    assert points and points[0].end <= T0 + 1.0  # the graph reaches back to the start
+
+
+def test_a_replay_of_steps_held_and_trimmed_changes_nothing() -> None:
+    """A run followed for minutes (its old steps trimmed) that sees another viewer's
+    replay of older steps keeps what it has: nothing is forgotten, nothing counted twice."""
+    state = ViewerState(HOST)
+    records = steady(state, duration_s=100.0)  # older steps trimmed from the log
+    state.tick(T0 + 100.1)
+    before = state.selected
+    held = state.steps()
+    assert before is not None and len(held) < len(records)
+    state.apply_all(steps_events(records[-200:], latency_s=0.5))  # begins before the held
+    state.tick(T0 + 100.1)
+    after = state.selected
+    assert after is not None
+    assert after.step_count == before.step_count and after.rate_avg == before.rate_avg
+    assert state.steps() == held
 
 
 def test_each_rank_is_judged_on_its_own_node(monkeypatch: pytest.MonkeyPatch) -> None:

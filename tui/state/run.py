@@ -35,6 +35,13 @@ _samples = attrgetter("samples")
 _index = attrgetter("index")
 
 
+def _first_index(records: Sequence[StepRecord]) -> int:
+    """The index of a message's first record, without making a StepRecord of a row."""
+    if type(records) is StepRows and records.rows is not None:
+        return records.rows[0].index
+    return records[0].index
+
+
 class Run:
     """One publisher, keyed by ``Hello.source_id``. A restarted process with the same id
     (a new ``started``) gets a fresh Run in the same slot."""
@@ -46,8 +53,9 @@ class Run:
         self._window_hello: Hello | None = None  # hello with the loop merged, cached
         self.first_received: float | None = None
         self.last_received: float | None = None
+        self._points = max(1, math.ceil(history_s / BUCKET_S))
         self.steps = StepLog(MAX_STEP_RECORDS)
-        self.throughput = Throughput(max(1, math.ceil(history_s / BUCKET_S)))
+        self.throughput = Throughput(self._points)
         self.last_index: int | None = None  # replays of the probe's history repeat indices
         self.total_samples = 0.0
         self.total_steps = 0
@@ -173,6 +181,16 @@ class Run:
         if message.dropped_steps > self.dropped_steps:
             self.dropped_steps = message.dropped_steps
         records: Sequence[StepRecord] = message.records
+        last = self.last_index
+        # A replay (or steps out of order): the paths below drop what is here already,
+        # unless live steps overtook the replay of a run just attached.
+        if (
+            last is not None
+            and records
+            and _first_index(records) <= last
+            and self._overtaken(records)
+        ):
+            self._forget_steps()
         if (
             type(records) is StepRows
             and records.plausible
@@ -192,6 +210,29 @@ class Run:
             samples = sum(filter(None, map(_samples, accepted)))  # C loops
             self._took(accepted, len(accepted), accepted[-1].index, samples, received)
         return invalid
+
+    def _overtaken(self, records: Sequence[StepRecord]) -> bool:
+        """Whether ``records`` are a replay of the probe's history that live steps
+        overtook: they begin before every step this run holds, and it holds every step
+        it was sent (none trimmed yet: it has just attached).
+
+        A viewer that attaches gets the history replayed. A live step that reaches it
+        first (through a relay, or sent in the instant the probe heard of the new
+        subscriber) would make it drop the whole replay as older: no graph and no
+        verdict until enough new steps came. The replay holds every step up to the
+        moment it was sent, the overtaking ones too (the probe keeps a step in its
+        history before it sends it), so the run forgets what it holds and takes the
+        replay from its start."""
+        if self.total_steps != len(self.steps):
+            return False
+        return _first_index(records) < next(iter(self.steps)).index
+
+    def _forget_steps(self) -> None:
+        self.steps = StepLog(MAX_STEP_RECORDS)
+        self.throughput = Throughput(self._points)
+        self.pending = ()
+        self.last_index = self.first_start = None
+        self.total_steps, self.total_samples, self.samples_known = 0, 0.0, False
 
     def _add_rows(self, records: StepRows, rows: tuple[WireStep, ...], received: float) -> bool:
         """The hot path: a decoded message's rows checked and bucketed in one pass and
