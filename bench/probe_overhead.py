@@ -8,6 +8,8 @@ goal was set with), over one of two loaders:
 
 * ``list``: a list of batches (a tuple holding numpy arrays): the probe counts each
   batch's samples by looking at it;
+* ``known``: the same list watched with ``samples=32``: the counts are given, the probe
+  looks at no batch (what counting costs is ``list`` less this);
 * ``dataloader``: a torch DataLoader (batch_size=32, default collate; its own work per
   batch, 60 us on a fast day here, is in both children): torch fixes every batch's
   count, so the probe looks only at the first batch (probe/loader.py, ``batch_plan``).
@@ -95,7 +97,7 @@ count, the record), and the publisher's per-step work (drain to wire records, ms
 encoding). Last, the publisher thread's share of a core when steps are slow (10 ms):
 its per-wake-up cost.
 
-    python bench/probe_overhead.py [pairs] [list|dataloader|both] [additions]
+    python bench/probe_overhead.py [pairs] [list|known|dataloader|both] [additions]
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ ADDITIONS = 1_200  # a step's Python work (argv 3)
 PARTS: dict[str, list[tuple[float, float, float]]] = {}  # publisher, zmq I/O, close + rest
 KINDS = {
     "list": "a list of numpy batches, each one counted",
+    "known": "a list of numpy batches, counts given (samples=32)",
     "dataloader": "a torch DataLoader, counts from torch's batching",
 }
 
@@ -170,7 +173,7 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
 
 STEPS = int(sys.argv[2])
 ADDITIONS = int(sys.argv[4])
-IDLE_S = 5.0  # covers the sampler's walk of /proc, once every 5 samples
+IDLE_S = 5.0  # the threads' per-second work without steps is read over this
 if sys.argv[3] == "dataloader":
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -197,6 +200,7 @@ if sys.argv[3] == "dataloader":
 else:
     def make_batches(steps):
         return [(np.zeros((32, 3)), np.zeros(32))] * steps
+SAMPLES = 32 if sys.argv[3] == "known" else None  # None: the probe counts each batch
 
 batches = make_batches(STEPS)
 """
@@ -227,7 +231,8 @@ def at_depth(depth, loop):
 # three), so a watched block holds no loop entry or exit. The publisher works at its own
 # pace meanwhile. Its thread's CPU and zmq's over the whole run is printed per watched
 # step twice: all of it, and charged by time (the run less what they take per second
-# without steps, measured after the run, over the time the bare and floor blocks ran:
+# without steps, measured after the run beside the same busy loop, over the time the
+# bare and floor blocks ran:
 # in a training, that per-second work is spread over its steps alone). Then the
 # per-round differences of the training thread from the bare block, and the bare steps.
 def publishing(ns_by_thread, names=("publisher", "sampler")):  # zmq's I/O thread too
@@ -245,7 +250,7 @@ def blocks(rounds):
         return iter(loop(make_batches(STEPS * rounds)))
     passes = {
         "bare": one_pass(lambda b: b),
-        "probe": one_pass(p.watch),
+        "probe": one_pass(lambda b: p.watch(b, samples=SAMPLES)),
         "floor": one_pass(two_clock_reads),
     }
     main = {name: [] for name in passes}
@@ -269,7 +274,13 @@ def blocks(rounds):
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
     after = threads()
     unwatched_s = time.perf_counter() - w_start - watched_s
-    time.sleep(IDLE_S)  # the threads' work per second without steps
+    # The threads' work per second without steps, beside a busy training thread as in
+    # the bare and floor blocks: a wake-up then has to take the GIL from it, which costs
+    # more than idle (measured asleep, it charged the watched steps the difference over
+    # the unwatched blocks' time).
+    idle_end = time.perf_counter() + IDLE_S
+    while time.perf_counter() < idle_end:
+        work()
     idle = threads()
     p.close()
     def by_time(names):  # the run's CPU less its per-second work in the unwatched blocks
@@ -302,7 +313,7 @@ p = None
 if mode == "probe":
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*")
     PUBLISHER, SAMPLER = p._thread.native_id, p._sampler._thread.native_id
-    loop = p.watch(batches)
+    loop = p.watch(batches, samples=SAMPLES)
 else:
     loop = two_clock_reads(batches) if mode == "floor" else batches
 print(p.endpoint if p is not None else "-", flush=True)
