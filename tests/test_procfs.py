@@ -135,6 +135,8 @@ def test_a_directory_that_cannot_be_listed_raises_as_os_listdir_does(tmp_path: P
     [
         struct.pack("=QqHB", 1, 0, 0, 0) + b"name\0",  # a length of 0: would loop forever
         struct.pack("=QqHB", 1, 0, 24, 0) + b"no-nul-in-24",  # a name without its NUL
+        struct.pack("=QqHB", 1, 0, 200, 0) + b"name\0",  # longer than what was read
+        struct.pack("=Qq", 1, 0),  # cut before its length
     ],
 )
 def test_a_malformed_directory_entry_is_an_error_not_a_hang(

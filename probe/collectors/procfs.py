@@ -130,9 +130,9 @@ def list_dir(path: str) -> list[str]:
             data = ctypes.string_at(buf, n)
             at = 0
             while at < n:
-                size = _RECLEN.unpack_from(data, at + 16)[0]
-                end = data.find(b"\0", at + _NAME_AT, at + size)
-                if end < 0:  # not the kernel's layout: never loop on it
+                end = -1 if n < at + _NAME_AT else data.find(b"\0", at + _NAME_AT, n)
+                size = _RECLEN.unpack_from(data, at + 16)[0] if end >= 0 else 0
+                if end < 0 or not end < at + size <= n:  # not the kernel's layout
                     raise OSError(errno.EIO, "malformed directory entry", path)
                 entry = data[at + _NAME_AT : end]
                 if entry != b"." and entry != b"..":
