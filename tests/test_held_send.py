@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 import zmq
+from gil import progress_during
 
 from gputop_dl import probe
 from gputop_dl.probe import transport
@@ -166,34 +166,13 @@ def test_no_other_thread_runs_python_during_a_send() -> None:
     """pyzmq copies a frame with the GIL released (its memcpy, then zmq_msg_send), and
     a busy thread runs Python meanwhile; held, it does not. (pyzmq: 5 of 5 sends let it
     run.)"""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: a released GIL is not taken by the other thread at once")
     pub = Publisher("tcp://127.0.0.1:*")
-    stop = threading.Event()
-    progress = [0]
-
-    def busy() -> None:
-        while not stop.is_set():
-            progress[0] += 1
-
     frames = [TOPIC_PREFIX + b"steps", os.urandom(8_000_000)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)  # longer than a send: no forced switch inside one
-    thread = threading.Thread(target=busy)
-    moved = []
     try:
         sub = attached(pub)
-        thread.start()
-        for _ in range(5):
-            time.sleep(0.06)  # the busy thread runs; this one then takes the GIL back
-            before = progress[0]
-            assert pub.send(frames)
-            moved.append(progress[0] - before)
+        moved = progress_during(lambda: pub.send(frames))
+        assert len(received(sub, 5)) == 5
         sub.close()
     finally:
-        stop.set()
-        if thread.is_alive():
-            thread.join()
-        sys.setswitchinterval(interval)
         pub.close()
     assert moved == [0] * 5, f"the busy thread ran during sends: {moved}"

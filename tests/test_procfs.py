@@ -9,12 +9,12 @@ import errno
 import os
 import struct
 import sys
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from gil import progress_during
 
 from gputop_dl.probe.collectors import procfs, procstat
 from gputop_dl.probe.collectors.sampler import NodeSampler
@@ -161,36 +161,14 @@ def test_a_malformed_directory_entry_is_an_error_not_a_hang(
 @linux
 def test_listing_a_directory_keeps_the_gil_from_a_busy_thread(tmp_path: Path) -> None:
     """os.listdir lets go of the GIL around each entry it reads: a thread running Python
-    takes it there, and is forced off only after the switch interval (the node sampler
-    lists /proc and each training process's threads). list_dir keeps it: the busy
-    thread makes no progress while a listing runs. (os.listdir: it did in 5 of 5.)"""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: a released GIL is not taken by the other thread at once")
+    takes it there (the node sampler lists /proc and each training process's threads).
+    list_dir keeps it: the busy thread makes no progress while a listing runs.
+    (os.listdir: it did in 5 of 5.)"""
     for i in range(2_000):
         (tmp_path / str(i)).touch()
-    stop = threading.Event()
-    progress = [0]
-
-    def busy() -> None:
-        while not stop.is_set():
-            progress[0] += 1
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)  # longer than a listing: no forced switch inside one
-    thread = threading.Thread(target=busy)
-    thread.start()
-    moved = []
-    try:
-        for _ in range(5):
-            time.sleep(0.06)  # the busy thread runs; this one then takes the GIL back
-            before = progress[0]
-            names = procfs.list_dir(str(tmp_path))
-            moved.append(progress[0] - before)
-            assert len(names) == 2_000
-    finally:
-        stop.set()
-        thread.join()
-        sys.setswitchinterval(interval)
+    listed: list[int] = []
+    moved = progress_during(lambda: listed.append(len(procfs.list_dir(str(tmp_path)))))
+    assert listed == [2_000] * 5
     assert moved == [0] * 5, f"the busy thread ran during listings: {moved}"
 
 

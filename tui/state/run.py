@@ -46,6 +46,16 @@ class Run:
     """One publisher, keyed by ``Hello.source_id``. A restarted process with the same id
     (a new ``started``) gets a fresh Run in the same slot."""
 
+    # Set by _forget_steps (at creation, and before a replay that live steps overtook).
+    steps: StepLog
+    throughput: Throughput
+    pending: tuple[ThroughputPoint, ...]
+    last_index: int | None  # replays of the probe's history repeat indices
+    total_samples: float
+    total_steps: int
+    first_start: float | None
+    samples_known: bool
+
     def __init__(self, source_id: str, history_s: float) -> None:
         self.source_id = source_id
         self.hello: Hello | None = None
@@ -54,13 +64,7 @@ class Run:
         self.first_received: float | None = None
         self.last_received: float | None = None
         self._points = max(1, math.ceil(history_s / BUCKET_S))
-        self.steps = StepLog(MAX_STEP_RECORDS)
-        self.throughput = Throughput(self._points)
-        self.last_index: int | None = None  # replays of the probe's history repeat indices
-        self.total_samples = 0.0
-        self.total_steps = 0
-        self.first_start: float | None = None
-        self.samples_known = False
+        self._forget_steps()
         self.sent = 0
         self.dropped = 0
         self.dropped_steps = 0
@@ -80,7 +84,6 @@ class Run:
         # carries is the offset plus a delay (network, flush), so the smallest recent one
         # is the best estimate. The probe may run on another host with another clock.
         self.clock_offsets: deque[float] = deque(maxlen=CLOCK_SAMPLES)
-        self.pending: tuple[ThroughputPoint, ...] = ()
         self.slot: int | None = None  # switcher position, given at the first tick
         self.pid_checked: float | None = None  # viewer time of the last pid check
         self.stack: Stack | None = None  # the newest stack the probe took in a stall
@@ -228,11 +231,15 @@ class Run:
         return _first_index(records) < next(iter(self.steps)).index
 
     def _forget_steps(self) -> None:
+        """No step taken: at creation, and before a replay that live steps overtook."""
         self.steps = StepLog(MAX_STEP_RECORDS)
         self.throughput = Throughput(self._points)
         self.pending = ()
-        self.last_index = self.first_start = None
-        self.total_steps, self.total_samples, self.samples_known = 0, 0.0, False
+        self.last_index = None
+        self.total_samples = 0.0
+        self.total_steps = 0
+        self.first_start = None
+        self.samples_known = False
 
     def _add_rows(self, records: StepRows, rows: tuple[WireStep, ...], received: float) -> bool:
         """The hot path: a decoded message's rows checked and bucketed in one pass and
