@@ -173,7 +173,7 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
 
 STEPS = int(sys.argv[2])
 ADDITIONS = int(sys.argv[4])
-IDLE_S = 5.0  # the threads' per-second work without steps is read over this
+IDLE_S = 5.0  # per-second work read over this: it covers the sampler's walk of /proc
 if sys.argv[3] == "dataloader":
     import torch
     from torch.utils.data import DataLoader, Dataset
@@ -235,8 +235,10 @@ def at_depth(depth, loop):
 # bare and floor blocks ran:
 # in a training, that per-second work is spread over its steps alone). Then the
 # per-round differences of the training thread from the bare block, and the bare steps.
-def publishing(ns_by_thread, names=("publisher", "sampler")):  # zmq's I/O thread too
-    return sum(v for k, v in ns_by_thread.items() if k in names or k.startswith("ZMQ"))
+def publishing(ns_by_thread, names=("publisher", "sampler"), zmq=True):  # zmq's I/O threads
+    return sum(
+        v for k, v in ns_by_thread.items() if k in names or (zmq and k.startswith("ZMQ"))
+    )
 
 def blocks(rounds):
     global PUBLISHER, SAMPLER
@@ -268,7 +270,6 @@ def blocks(rounds):
             main[name].append(time.thread_time() - m0)
             if name == "probe":
                 watched_s += time.perf_counter() - w0
-    loop_s, loop_end = time.perf_counter() - w_start, threads()
     p._publisher.wake()
     time.sleep(1.0)  # the last steps drained, encoded and sent
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
@@ -277,25 +278,18 @@ def blocks(rounds):
     # The threads' work per second without steps, beside a busy training thread as in
     # the bare and floor blocks: a wake-up then has to take the GIL from it, which costs
     # more than idle (measured asleep, it charged the watched steps the difference over
-    # the unwatched blocks' time).
+    # the unwatched blocks' time, the sampler's above all).
     idle_end = time.perf_counter() + IDLE_S
     while time.perf_counter() < idle_end:
         work()
     idle = threads()
     p.close()
-    def by_time(names):  # the run's CPU less its per-second work in the unwatched blocks
-        ns_per_s = (publishing(idle, names) - publishing(after, names)) / IDLE_S
-        run_ns = publishing(after, names) - publishing(before, names)
+    def by_time(names, zmq=True):  # the run's CPU less its per-second work unwatched
+        ns_per_s = (publishing(idle, names, zmq) - publishing(after, names, zmq)) / IDLE_S
+        run_ns = publishing(after, names, zmq) - publishing(before, names, zmq)
         return (run_ns - ns_per_s * unwatched_s) / (rounds * STEPS) / 1e3
-    # The sampler's work does not depend on the steps: its CPU per second of the loop,
-    # beside a busy training thread in every block, over the watched blocks' time.
-    # (Its run less its per-second work idle, as for the publisher, charged the watched
-    # steps what the sampler took beside the bare and floor blocks, where it costs more
-    # than idle; and that figure counted zmq's I/O thread as the sampler's.)
-    sampler_ns = loop_end.get("sampler", 0) - before.get("sampler", 0)
-    sampler = sampler_ns * watched_s / loop_s / (rounds * STEPS) / 1e3
     whole = (publishing(after) - publishing(before)) / (rounds * STEPS) / 1e3
-    print(whole, by_time(("publisher",)) + sampler, sampler)
+    print(whole, by_time(("publisher", "sampler")), by_time(("sampler",), zmq=False))
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
     print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
