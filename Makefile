@@ -32,6 +32,7 @@ lint: $(STAMP)  ## ruff and mypy
 
 bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/probe_overhead.py
+	$(BIN)/python bench/probe_instructions.py
 	$(BIN)/python bench/probe_window.py
 	$(BIN)/python bench/sampler_cost.py
 	$(BIN)/python bench/publisher_gil.py

@@ -144,6 +144,34 @@ def two_clock_reads(batches):  # the floor: what any timing of next() must do
         perf()
 """
 
+# The loops' batches, the same text in this bench's children and
+# bench/probe_instructions.py's: a list of numpy batches, or a torch DataLoader (torch
+# imported only for it) whose work per batch is its own collate.
+BATCHES = r"""
+def make_list(steps):
+    return [(np.zeros((32, 3)), np.zeros(32))] * steps
+
+def make_dataloader(steps):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+
+    class Items(Dataset):
+        item = (np.zeros(3), 0)
+
+        def __len__(self):
+            return steps * 32
+
+        def __getitem__(self, i):
+            return self.item
+
+        def __getitems__(self, indices):
+            return [self.item] * len(indices)
+
+    return DataLoader(Items(), batch_size=32)
+"""
+
 CHILD = (
     r"""
 import os, random, sys, time
@@ -171,35 +199,13 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
         out[name] = out.get(name, 0) + ns
     return out
 
+"""
+    + BATCHES
+    + r"""
 STEPS = int(sys.argv[2])
 ADDITIONS = int(sys.argv[4])
 IDLE_S = 5.0  # per-second work read over this: it covers the sampler's walk of /proc
-if sys.argv[3] == "dataloader":
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    torch.set_num_threads(1)
-
-    class Items(Dataset):
-        item = (np.zeros(3), 0)
-
-        def __init__(self, steps):
-            self.steps = steps
-
-        def __len__(self):
-            return self.steps * 32
-
-        def __getitem__(self, i):
-            return self.item
-
-        def __getitems__(self, indices):
-            return [self.item] * len(indices)
-
-    def make_batches(steps):
-        return DataLoader(Items(steps), batch_size=32)
-else:
-    def make_batches(steps):
-        return [(np.zeros((32, 3)), np.zeros(32))] * steps
+make_batches = make_dataloader if sys.argv[3] == "dataloader" else make_list
 SAMPLES = 32 if sys.argv[3] == "known" else None  # None: the probe counts each batch
 
 batches = make_batches(STEPS)

@@ -25,8 +25,14 @@ from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
-from gputop_dl.probe.loader import counting
-from gputop_dl.probe.protocol import NS_PER_US, HostRow, HostRun, pack_readings
+from gputop_dl.probe.loader import Learned, counting
+from gputop_dl.probe.protocol import (
+    NS_PER_US,
+    READINGS_TYPECODE,
+    HostRow,
+    HostRun,
+    pack_readings,
+)
 
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~24 KB.
@@ -48,24 +54,33 @@ class Segment:
         "gate",
         "known",
         "last",
+        "learned",
         "position",
         "stamps",
         "steps",
         "taken",
     )
 
-    def __init__(self, first: int, position: int, plan: tuple[int, int, int] | None) -> None:
+    def __init__(
+        self,
+        first: int,
+        position: int,
+        plan: tuple[int, int, int] | None,
+        learned: Learned | None = None,
+    ) -> None:
         self.first = first  # the step index of its first step
         self.position = position  # the batch position of its first step in the pass
         # The pass's counts known in advance (loader.batch_plan): `full` samples before
         # position `known`, `last` at it; None: `counts` holds one count per step.
         self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
         self.counts: list[int | None] | None = [] if plan is None else None
+        self.learned = learned  # the loader's batch structure, as its counters learned it
         # perf_counter_ns readings, t0 and t1 of each step, stored as 8-byte integers: an
         # int object kept per reading cost the training thread 0.3-0.8 us a step more on a
-        # core shared with other work (bench/probe_overhead.py), 0.1 less alone.
+        # core shared with other work (bench/probe_overhead.py), 0.1 less alone. Unsigned
+        # (protocol.READINGS_TYPECODE): the cheapest append of an int.
         # Never exported (no memoryview of it): appending must not fail.
-        self.stamps = array("q")
+        self.stamps = array(READINGS_TYPECODE)
         # The chain takes one item of this list per step: clearing it stops the chain
         # before its next clock reading (a loop entered inside this one: Probe).
         self.gate: list[None] = [None] * CHUNK_STEPS
@@ -86,9 +101,9 @@ class Segment:
             return steps
         # The zip's tuple holds the step's batch until the next one is fetched, as without
         # counting: the counter keeps nothing (itertools.tee, which fed a counter beside
-        # the loop, kept up to 56 batches already passed on). A counter per segment: it
-        # learns the batches' structure again from the segment's first (1 in 1,024).
-        return map(counting(self.counts.append), steps)
+        # the loop, kept up to 56 batches already passed on). A counter per segment,
+        # made for the structure the loader's batches had so far (loader.counting).
+        return map(counting(self.counts.append, self.learned), steps)
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

@@ -65,7 +65,10 @@ class Watched(Generic[T]):
         self._iterable = iterable
         self._samples = samples
         self._data_path = data_path
-        self._count = _counter(samples)
+        # What the counters of its passes learned of its batches' structure: the next
+        # counter starts there (loader.counting).
+        self._learned: loader.Learned = [None]
+        self._count = _counter(samples, self._learned)
         self._info: LoaderInfo | None = None  # the loader's settings, read on the first pass
         self._framework: str | None = None
         _register_pytree()
@@ -180,7 +183,7 @@ class Watched(Generic[T]):
                 del batch  # the frame lives as long as the pass: it must not keep this batch
                 settled_plan = plan if known >= 0 else None  # None: each batch counted
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
-                    segment = Segment(probe._index, position, settled_plan)
+                    segment = Segment(probe._index, position, settled_plan, self._learned)
                     probe._begin_segment(segment)
                     yield from segment.timed(iterator)
                     position += len(segment.stamps) // 2  # the batches it passed on
@@ -218,17 +221,19 @@ class Watched(Generic[T]):
             return self._info
 
 
-_OWN = frozenset({"_probe", "_iterable", "_samples", "_data_path", "_count", "_info", "_framework"})
+_OWN = frozenset(
+    {"_probe", "_iterable", "_samples", "_data_path", "_learned", "_count", "_info", "_framework"}
+)
 
 
-def _counter(samples: Samples) -> Callable[[Any], int | None]:
+def _counter(samples: Samples, learned: loader.Learned) -> Callable[[Any], int | None]:
     if callable(samples):
         fn = samples
         return lambda batch: as_count(fn(batch))
     if isinstance(samples, int) and not isinstance(samples, bool):
         fixed = as_count(samples)
         return lambda _batch: fixed
-    return loader.sample_counter()
+    return loader.sample_counter(learned)
 
 
 def _late_pids(probe: Probe, info: LoaderInfo | None, iterator: Any) -> None:

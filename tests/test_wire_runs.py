@@ -27,6 +27,7 @@ from gputop_dl.probe.protocol import (
     decode,
     encode_steps,
     pack_readings,
+    unpack_readings,
 )
 from gputop_dl.probe.stamps import Segment
 from tests.test_probe import attached, tcp_probe
@@ -81,6 +82,30 @@ def test_a_run_costs_seventeen_bytes_a_step() -> None:
     size = len(encode_steps("h:1", BASE, [], 0, 0, 0, [run], CLOCK)[1])
     per_step = (size - empty) / 5
     assert per_step <= 17
+
+
+@pytest.mark.parametrize(
+    "readings",
+    [
+        [0, 1, 2],
+        [CLOCK, CLOCK + 1, CLOCK + 2],
+        [2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1],  # every digit count up to int64's
+    ],
+)
+def test_the_training_threads_readings_are_the_wire_bytes_of_signed_8_byte_readings(
+    readings: list[int],
+) -> None:
+    # The training thread appends to an array of unsigned 8-byte integers (the cheapest
+    # append); the wire's readings are signed 8-byte little-endian: the same bytes for
+    # any reading a clock gives (never negative), sent without a copy to another type.
+    s = Segment(0, 0, None)
+    for reading in readings:
+        s.stamps.append(reading)
+    assert s.stamps.itemsize == 8
+    assert pack_readings(s.stamps) == b"".join(
+        r.to_bytes(8, "little", signed=True) for r in readings
+    )
+    assert list(unpack_readings(pack_readings(s.stamps))) == readings
 
 
 def test_records_and_runs_of_one_message_are_read_in_index_order() -> None:
