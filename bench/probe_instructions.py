@@ -168,7 +168,7 @@ def main() -> None:
         print(f"  over {name}: bare loop {bare[0]:,.0f} a step ({_all(bare)})")
         for loop in ("floor", "known", "probe"):
             if (steps := per_step.get((loop, source))) is not None:
-                label = LABELS[loop] + ":"
+                label = LABELS[loop] + (" (counts from torch)" if source != "list" else "") + ":"
                 print(f"    {label:<44}{steps[0] - bare[0]:+,.0f} ({_all(steps)})")
 
 

@@ -314,21 +314,14 @@ def counting(
     A loader yields batches of one structure: the way to the array is learned from a
     batch and, while two type checks confirm it, taken directly (no failing attribute
     lookups, no isinstance); any other batch goes through ``infer_samples``. What it
-    learns goes in ``learned``; a counter made when ``learned`` holds a way already
-    takes that way with none of the general one's dispatch (a function per container:
-    ~600 instructions a step fewer for a tuple of arrays, bench/probe_instructions.py),
-    and the general one for any batch that does not fit it.
-    It never raises: watch's C-timed loop (probe/stamps.py) maps it over the batches
-    bare, as one Python call a step. (Handing the batch to a counter beside the loop,
-    through a dict and four more C iterators, cost the training thread 0.26-0.85 us a
-    step more on a core shared with other processes: bench/probe_window.py,
-    docs/measurements.md; counting in C, through slot functions of the learned types,
-    executes more instructions than this call.)
+    learns goes in ``learned`` (a one-item list), where watch's C-timed loop reads it
+    to count the batches in its own frame (:func:`quick_way`); it calls this counter
+    for a batch that does not fit. It never raises.
     """
     memo: Learned = [None] if learned is None else learned
     route: Any = memo[0]  # Any: no narrowing by type(x) is
 
-    def general(batch: T) -> T:
+    def counted(batch: T) -> T:
         nonlocal route
         if route is not None and type(batch) is route[0]:
             try:
@@ -363,63 +356,21 @@ def counting(
         append(n)
         return batch
 
+    return counted
+
+
+class _NoBatch:
+    """A type no batch has: the quick way of a loader whose structure is not learned."""
+
+
+def quick_way(learned: Learned) -> tuple[Any, bool, Any, bool]:  # Any: no narrowing
+    """(batch type, array is its first item, array type, count by ``len``) of the
+    structure ``learned``, for watch's C-timed loop to count batches in its own frame;
+    a way that fits no batch when none is learned or the array is a dict's value."""
+    route = learned[0]
     if route is None or route[1] == _FIRST_VALUE:
-        return general
-    return _taking(route, append, general)
-
-
-def _taking(
-    route: Route, append: Callable[[int | None], object], other: Callable[[T], T]
-) -> Callable[[T], T]:
-    """The counter for batches of one learned ``route``; ``other`` counts the rest. The
-    same answers as the general counter's fast way, with the way to the array written
-    out and the route's parts in closure cells: a function for a tuple or list of
-    arrays and one for an array, each ~600 instructions a step under the general one
-    (one function branching on the way: ~300); a dict of arrays stays with the general
-    one (Python 3.11, callgrind: bench/probe_instructions.py, docs/measurements.md)."""
-    outer, how, _, by_len = route
-    inner: Any = route[2]  # Any: no narrowing by type(x) is
-    if how == _FIRST_ITEM:
-
-        def first_item(batch: T) -> T:
-            if type(batch) is outer:
-                try:
-                    array: Any = batch[0]  # type: ignore[index]
-                    if type(array) is inner:
-                        if by_len:
-                            try:
-                                append(len(array))
-                            except TypeError:  # a 0-d array
-                                append(None)
-                            return batch
-                        shape = array.shape
-                        if shape is not None:
-                            append(int(shape[0]) if len(shape) else None)
-                            return batch
-                except Exception:
-                    pass
-            return other(batch)
-
-        return first_item
-
-    def itself(batch: T) -> T:
-        if type(batch) is outer:
-            try:
-                if by_len:
-                    try:
-                        append(len(batch))  # type: ignore[arg-type]
-                    except TypeError:
-                        append(None)
-                    return batch
-                shape = batch.shape  # type: ignore[attr-defined]
-                if shape is not None:
-                    append(int(shape[0]) if len(shape) else None)
-                    return batch
-            except Exception:
-                pass
-        return other(batch)
-
-    return itself
+        return _NoBatch, False, _NoBatch, False
+    return route[0], route[1] == _FIRST_ITEM, route[2], route[3]
 
 
 def sample_counter(learned: Learned | None = None) -> Callable[[Any], int | None]:

@@ -4,8 +4,9 @@ Once a pass's timing and counts are settled (host clock, counts known or counted
 probe's own counter), ``watch`` hands the loop to a chain of C iterators: per step they
 read the clock, fetch the batch, read the clock again and append both readings (integer
 nanoseconds) to an array of 8-byte integers, and the generator only passes each batch
-on: no Python of the probe's runs between steps but its batch counter, when the counts
-are not known in advance (figures in bench/probe_overhead.py, bench/probe_window.py).
+on: no Python of the probe's runs between steps but the few lines that count a batch,
+when the counts are not known in advance (figures in bench/probe_overhead.py,
+bench/probe_instructions.py).
 
 A :class:`Segment` is one run of that chain, at most CHUNK_STEPS steps: its readings
 alternate ``t0, t1`` per step, and a step's end is the next step's ``t0``, so with
@@ -25,7 +26,6 @@ from operator import floordiv, itemgetter, sub
 from time import perf_counter_ns
 from typing import Any
 
-from gputop_dl.probe.loader import Learned, counting
 from gputop_dl.probe.protocol import (
     NS_PER_US,
     READINGS_TYPECODE,
@@ -54,27 +54,19 @@ class Segment:
         "gate",
         "known",
         "last",
-        "learned",
         "position",
         "stamps",
         "steps",
         "taken",
     )
 
-    def __init__(
-        self,
-        first: int,
-        position: int,
-        plan: tuple[int, int, int] | None,
-        learned: Learned | None = None,
-    ) -> None:
+    def __init__(self, first: int, position: int, plan: tuple[int, int, int] | None) -> None:
         self.first = first  # the step index of its first step
         self.position = position  # the batch position of its first step in the pass
         # The pass's counts known in advance (loader.batch_plan): `full` samples before
         # position `known`, `last` at it; None: `counts` holds one count per step.
         self.full, self.known, self.last = plan if plan is not None else (0, -1, 0)
         self.counts: list[int | None] | None = [] if plan is None else None
-        self.learned = learned  # the loader's batch structure, as its counters learned it
         # perf_counter_ns readings, t0 and t1 of each step, stored as 8-byte integers: an
         # int object kept per reading cost the training thread 0.3-0.8 us a step more on a
         # core shared with other work (bench/probe_overhead.py), 0.1 less alone. Unsigned
@@ -91,19 +83,17 @@ class Segment:
         """Steps whose three readings are in (a step's end is the next one's start)."""
         return (len(self.stamps) - 1) // 2 if self.stamps else 0
 
-    def timed(self, iterator: Iterator[Any]) -> Any:
-        """``iterator``'s batches, each fetch between two clock readings; without a plan,
-        each batch's samples counted after the second (by the probe's own counter,
-        loader.counting, which never raises)."""
+    def timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """``iterator``'s batches, each fetch between two clock readings. Without a plan
+        the caller appends each batch's count to ``counts`` (watch counts in its own
+        frame: a Python call a step from here cost ~500 instructions more, and counting
+        in C through the learned types' slot functions more still:
+        docs/measurements.md)."""
         clock = map(self.stamps.append, starmap(perf_counter_ns, repeat(())))
-        steps = map(_batch, zip(iter(self.gate), clock, iterator, clock, strict=False))
-        if self.counts is None:
-            return steps
-        # The zip's tuple holds the step's batch until the next one is fetched, as without
-        # counting: the counter keeps nothing (itertools.tee, which fed a counter beside
-        # the loop, kept up to 56 batches already passed on). A counter per segment,
-        # made for the structure the loader's batches had so far (loader.counting).
-        return map(counting(self.counts.append, self.learned), steps)
+        # The zip's tuple holds the step's batch until the next one is fetched, as a bare
+        # loop's variable does: nothing here keeps a batch the loop has moved past
+        # (itertools.tee, which fed a counter beside the loop, kept up to 56).
+        return map(_batch, zip(iter(self.gate), clock, iterator, clock, strict=False))
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

@@ -32,6 +32,7 @@ Samples = int | Callable[[Any], int] | None
 # Probe._open while a step opened by the loop below is running: its times and count stay
 # in the loop's locals. probe.step(samples) replaces it with a tuple carrying the count.
 OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
+UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
 
 _pytree_registered = False
 _warned: set[str] = set()
@@ -65,8 +66,8 @@ class Watched(Generic[T]):
         self._iterable = iterable
         self._samples = samples
         self._data_path = data_path
-        # What the counters of its passes learned of its batches' structure: the next
-        # counter starts there (loader.counting).
+        # What its counter learned of its batches' structure (loader.counting): the
+        # C-timed loop counts batches that fit it in its own frame.
         self._learned: loader.Learned = [None]
         self._count = _counter(samples, self._learned)
         self._info: LoaderInfo | None = None  # the loader's settings, read on the first pass
@@ -123,9 +124,9 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            # The probe's own counter (loader.counting) never raises, so the C-timed chain
-            # calls it bare; a user's samples= function stays in this loop, where its
-            # errors are caught.
+            # The probe's own counter (loader.counting) never raises, so the C-timed loop
+            # below calls it bare; a user's samples= function stays in this loop, where
+            # its errors are caught.
             own_counter = self._samples is None
             position = 0
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
@@ -183,9 +184,36 @@ class Watched(Generic[T]):
                 del batch  # the frame lives as long as the pass: it must not keep this batch
                 settled_plan = plan if known >= 0 else None  # None: each batch counted
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
-                    segment = Segment(probe._index, position, settled_plan, self._learned)
+                    segment = Segment(probe._index, position, settled_plan)
                     probe._begin_segment(segment)
-                    yield from segment.timed(iterator)
+                    if segment.counts is None:  # counts from the plan: the chain is all
+                        yield from segment.timed(iterator)
+                    else:
+                        # Each batch counted here, in this frame, the way its loader's
+                        # batches took so far (a tuple or list of arrays, or an array):
+                        # no call a step (~500 instructions); any other batch, or one
+                        # whose count raises, by the probe's counter, which never raises
+                        # (bench/probe_instructions.py).
+                        add_count = segment.counts.append
+                        item: Any
+                        outer, in_first, inner, by_len = loader.quick_way(self._learned)
+                        for item in segment.timed(iterator):
+                            n = UNCOUNTED
+                            try:
+                                if type(item) is outer:
+                                    array: Any = item[0] if in_first else item
+                                    if type(array) is inner:
+                                        if by_len:
+                                            n = len(array)
+                                        else:
+                                            shape = array.shape
+                                            if shape is not None:
+                                                n = int(shape[0]) if len(shape) else None
+                            except Exception:
+                                pass  # a 0-d array, a shape that raises: the counter says
+                            add_count(count(item) if n is UNCOUNTED else n)
+                            yield item
+                        item = None  # the frame lives as long as the pass
                     position += len(segment.stamps) // 2  # the batches it passed on
                     if probe._end_segment(segment):
                         return  # exhausted (odd readings: the last found the loader empty)

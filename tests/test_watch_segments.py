@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +20,10 @@ import pytest
 
 from gputop_dl import probe
 from gputop_dl.probe import stamps
+from gputop_dl.probe.loader import infer_samples
 from gputop_dl.probe.protocol import HostRow
 from gputop_dl.probe.stamps import Segment
-from tests.test_probe import attached, tcp_probe
+from tests.test_probe import BATCHES, attached, tcp_probe
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
@@ -263,6 +265,29 @@ def test_every_kind_of_batch_reaches_the_loop_itself_in_order_with_its_count(
     assert all(timed_in_c[10:20])
     counts = [r["samples"] for r in published(p, reader)]
     assert counts == [8] * 10 + [None, 3, 3, 5, None, 6, None, None, None, 7] + [8] * 10
+
+
+@pytest.mark.parametrize("teacher", range(len(BATCHES)))
+def test_batches_counted_in_the_loops_own_frame_get_infer_samples_answer(
+    p: probe.Probe, teacher: int
+) -> None:
+    # The C-timed loop counts each batch in watch's frame the way the loader's batches
+    # took so far (learned from them), and any other batch by the probe's counter: every
+    # kind of batch after every kind learned must still be counted as infer_samples says.
+    # Before each batch, enough of the teacher's that a segment starts with its way.
+    data: list[Any] = [x for other in BATCHES for x in [*[BATCHES[teacher]] * 3 * CHUNK, other]]
+    # 72 segments of 7 steps: more than the probe holds for its publisher (sized for
+    # 1,024-step segments), which would drop the oldest before a drain.
+    p._segments = deque(maxlen=len(data))
+    reader = attached(p)
+    seen, timed_in_c = [], []
+    for batch in p.watch(data):
+        seen.append(batch)
+        timed_in_c.append(p._segment is not None)
+    assert all(a is b for a, b in zip(seen, data, strict=True))
+    assert all(timed_in_c[CHUNK:])
+    counts = [r["samples"] for r in published(p, reader)]
+    assert counts == [infer_samples(batch) for batch in data]
 
 
 def test_a_publisher_that_stops_draining_bounds_the_memory_and_counts_the_loss(
