@@ -270,8 +270,8 @@ T = TypeVar("T")
 _SELF, _FIRST_ITEM, _FIRST_VALUE = 0, 1, 2
 
 Route = tuple[type, int, type, bool]  # what _route says
-# The route a loader's counters learned, shared by the counters of one watched loader
-# (watch's Python-timed steps and each C-timed segment's): a one-item list.
+# The route a watched loader's counter learned, read by its C-timed loop (quick_way):
+# a one-item list.
 Learned = list[Route | None]
 
 

@@ -162,9 +162,10 @@ class HostRun(msgspec.Struct, array_like=True, gc=False):
 READING_BYTES = 8
 # The array type the training thread appends its clock readings to: 8-byte unsigned.
 # perf_counter_ns() is never negative, and array's "L" stores an int by a plain loop over
-# its digits, where "q" parses it with PyArg_Parse and _PyLong_AsByteArray: ~950
-# instructions a reading more (callgrind, Python 3.11), half of what the C-timed chain
-# did a step. "L" is 8 bytes where longs are (Linux, macOS); "Q" skips PyArg_Parse only.
+# its digits, where "q" parses it with PyArg_Parse and _PyLong_AsByteArray: ~700
+# instructions a reading more (callgrind, Python 3.11; bench/probe_instructions.py), 43 %
+# of what the C-timed chain did a step. "L" is 8 bytes where longs are (Linux, macOS);
+# "Q" elsewhere skips PyArg_Parse only.
 READINGS_TYPECODE = "L" if array("L").itemsize == READING_BYTES else "Q"
 _NATIVE_LE = sys.byteorder == "little"
 
