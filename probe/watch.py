@@ -194,11 +194,14 @@ class Watched(Generic[T]):
                         # no call a step (~500 instructions); any other batch, or one
                         # whose count raises, by the probe's counter, which never raises
                         # (bench/probe_instructions.py).
+                        # (The counter's own fast way, loader.counting, is the same
+                        # lines; it stays for the Python-timed steps.)
                         add_count = segment.counts.append
+                        uncounted = UNCOUNTED  # a local: read twice a step
                         item: Any
                         outer, in_first, inner, by_len = loader.quick_way(self._learned)
                         for item in segment.timed(iterator):
-                            n = UNCOUNTED
+                            n = uncounted
                             try:
                                 if type(item) is outer:
                                     array: Any = item[0] if in_first else item
@@ -207,11 +210,10 @@ class Watched(Generic[T]):
                                             n = len(array)
                                         else:
                                             shape = array.shape
-                                            if shape is not None:
-                                                n = int(shape[0]) if len(shape) else None
+                                            n = int(shape[0]) if len(shape) else None
                             except Exception:
-                                pass  # a 0-d array, a shape that raises: the counter says
-                            add_count(count(item) if n is UNCOUNTED else n)
+                                pass  # 0-d, a shape None or that raises: the counter says
+                            add_count(count(item) if n is uncounted else n)
                             yield item
                         item = None  # the frame lives as long as the pass
                     position += len(segment.stamps) // 2  # the batches it passed on

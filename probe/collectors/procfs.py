@@ -130,9 +130,12 @@ def list_dir(path: str) -> list[str]:
             data = ctypes.string_at(buf, n)
             at = 0
             while at < n:
-                end = -1 if n < at + _NAME_AT else data.find(b"\0", at + _NAME_AT, n)
-                size = _RECLEN.unpack_from(data, at + 16)[0] if end >= 0 else 0
-                if end < 0 or not end < at + size <= n:  # not the kernel's layout
+                # An entry cut before its name, longer than what was read, or without a
+                # NUL in it (a length of 0 among them) is not the kernel's layout: an
+                # error, never a loop.
+                size = _RECLEN.unpack_from(data, at + 16)[0] if at + _NAME_AT <= n else 0
+                end = data.find(b"\0", at + _NAME_AT, at + size) if at + size <= n else -1
+                if end < 0:
                     raise OSError(errno.EIO, "malformed directory entry", path)
                 entry = data[at + _NAME_AT : end]
                 if entry != b"." and entry != b"..":
