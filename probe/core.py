@@ -39,7 +39,7 @@ from gputop_dl.probe.history import trim as trim_history
 from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, HostRow, WireRow, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
-from gputop_dl.probe.stamps import CHUNK_STEPS, Segment
+from gputop_dl.probe.stamps import Segment
 from gputop_dl.probe.version import __version__
 
 log = logging.getLogger("gputop.probe")
@@ -53,6 +53,9 @@ ENV_INSECURE = "GPUTOP_INSECURE"  # "1": may listen where the network can read t
 # Steps buffered for the publisher thread (~ minutes of fast steps if it stalls); past
 # this the oldest are dropped, and counted from the gap in step indices.
 MAX_BUFFERED_STEPS = 50_000
+# C-timed segments held for the publisher (bounded by their steps too): an ended one
+# weighs ~0.4 KB and 24 bytes a step, and a pass of one batch makes one with no step.
+MAX_SEGMENTS = 4_096
 # While steps come the publisher sends them every FLUSH_S: a step reaches a viewer within
 # ~0.2 s. From BATCH_STEPS_PER_S on, every BATCH_FLUSH_S instead (the viewer's default
 # refresh period): each message then carries 2.5x the steps, and a viewer pays ~20 us
@@ -76,6 +79,10 @@ BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 u
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
 REPLAY_MIN_INTERVAL_S = 0.5  # a subscription bomb costs at most 2 replays a second
 HELLO_MIN_INTERVAL_S = 0.1  # and at most 10 extra hellos a second
+# Loop changes sent a flush, the newest (a pass entered and left): a loop of passes of a
+# batch or two made two messages a step, which filled the socket's queue (SEND_QUEUE)
+# before the steps; a viewer keeps only the newest (docs/protocol.md, `loop`).
+LOOP_MESSAGES_PER_FLUSH = 2
 # Messages a history replay sends in one burst, to every subscriber: a hello, the steps,
 # the node samples, a stall's stack. The socket queues a whole one per subscriber, plus a
 # few seconds of live messages (with room for less, a fast run lost most of its replayed
@@ -226,13 +233,17 @@ class Probe:
         self._steps: deque[_Raw] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._index = 0  # the next step's (while a segment runs: see _index_now)
         # The watch loop's C-timed steps (probe/stamps.py): the running segment, and
-        # those the publisher has not finished with (a segment a dead publisher never
-        # drains is dropped whole when newer ones come: counted from the index gap).
+        # those the publisher has not finished with, at most MAX_BUFFERED_STEPS steps
+        # (and MAX_SEGMENTS) before the running one's: what a stalled publisher has not
+        # drained is dropped, oldest segment first, counted from the index gap. Bounded
+        # by steps, not segments: a loop of short passes makes one segment a pass.
         self._segment: Segment | None = None
         # Loops entered and not yet left: only a loop that is alone is C-timed, so that
         # no other loop's steps take indices while a segment counts them.
         self._passes = 0
-        self._segments: deque[Segment] = deque(maxlen=MAX_BUFFERED_STEPS // CHUNK_STEPS)
+        self._segments: deque[Segment] = deque()
+        # Held to pop from _segments: the training thread only tries it (never waits).
+        self._segments_lock = threading.Lock()
         # probe.step(samples) inside a segment: (step index, count) for the publisher.
         self._count_fixes: deque[tuple[int, int | None]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
@@ -410,7 +421,27 @@ class Probe:
 
     def _begin_segment(self, segment: Segment) -> None:
         self._segment = segment
-        self._segments.append(segment)
+        held = self._segments
+        if held and (
+            len(held) >= MAX_SEGMENTS or segment.first - held[0].first >= MAX_BUFFERED_STEPS
+        ):
+            self._drop_oldest_segments(segment.first)
+        held.append(segment)
+
+    def _drop_oldest_segments(self, first: int) -> None:
+        """Training thread: let go of the oldest segments held, unpublished or not, until
+        those left and one starting at step ``first`` fit the bounds. Never waits: when the
+        publisher holds the lock it is draining them, and the next segment checks again."""
+        if not self._segments_lock.acquire(blocking=False):
+            return
+        try:
+            held = self._segments
+            while held and (
+                len(held) >= MAX_SEGMENTS or first - held[0].first >= MAX_BUFFERED_STEPS
+            ):
+                held.popleft()
+        finally:
+            self._segments_lock.release()
 
     def _end_segment(self, segment: Segment, *, close: bool = True) -> bool:
         """Training thread: ``segment``'s chain stopped. True: it found the loader empty.
@@ -424,6 +455,7 @@ class Probe:
         if close and not exhausted:
             segment.stamps.append(time.perf_counter_ns())
         segment.steps = segment.complete()
+        segment.gate.clear()  # its chain has stopped: 8 KB it need not hold while it waits
         self._index = segment.first + segment.steps
         if self._segment is segment:
             self._segment = None
@@ -662,7 +694,7 @@ class Probe:
                     self._sampler.pace(sample_every if watched else unwatched_every)
                 batch = self._drain(drain, wall_offset, force=stopping)
                 steps = 0 if batch is None else batch.steps
-                if not (steps or drain.pending or self._steps):
+                if not (steps or drain.pending or drain.held or self._steps):
                     period = IDLE_FLUSH_S
                 elif self._flush_interval_s is not None:
                     period = self._flush_interval_s
@@ -682,8 +714,11 @@ class Probe:
                         self._refresh_device()
                     last_hello = now
                     send_hello()
-                while self._loop_events:
-                    state, t, index, how = self._loop_events.popleft()
+                events = self._loop_events
+                for _ in range(len(events) - LOOP_MESSAGES_PER_FLUSH):
+                    events.popleft()  # older changes, which viewers would only overwrite
+                while events:
+                    state, t, index, how = events.popleft()
                     send_message(Loop(self.source_id, state, t, index, how))
                 # A new subscriber gets its history before any newer step: the viewer
                 # takes only steps newer than the last it holds, so a live step ahead of
@@ -756,9 +791,18 @@ class Probe:
     def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> Batch | None:
         """Turn what the training thread queued into wire steps (publisher thread): the
         C-timed steps as runs when nothing else came, else everything as rows."""
+        # Only steps below this index are taken: all of them are queued by now (a step is
+        # stored before the index passes it). Without it, a pass's first step queued as
+        # rows are popped, and the segment after it read next, went out after later steps,
+        # which a viewer drops as older (tests/test_watch_segments.py).
+        limit = self._index_now()
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
-        raws = list(map(call, repeat(self._steps.popleft, len(self._steps))))
-        spans = self._segment_spans()
+        raws = st.held + list(map(call, repeat(self._steps.popleft, len(self._steps))))
+        st.held = []
+        if raws and raws[-1][0] >= limit:  # queued after `limit` was read: next drain
+            st.held = [raw for raw in raws if raw[0] >= limit]
+            raws = raws[: len(raws) - len(st.held)]
+        spans = self._segment_spans(limit)
         fixes = st.count_fixes
         for _ in range(len(self._count_fixes)):  # after the readings: a fix precedes its end
             index, n = self._count_fixes.popleft()
@@ -863,20 +907,20 @@ class Probe:
                 del pending[stale]
         return batch
 
-    def _segment_spans(self) -> list[tuple[Segment, int]]:
-        """(segment, steps complete in it) for segments with steps not yet published;
-        segments finished and published are let go."""
+    def _segment_spans(self, limit: int) -> list[tuple[Segment, int]]:
+        """(segment, steps complete in it below step ``limit``) for segments with such
+        steps not yet published; segments finished and published are let go."""
         segments = self._segments
-        while segments:
-            first = segments[0]
-            if first.steps is None or first.taken < first.steps:
-                break
-            if segments[0] is first:  # else the full deque dropped it meanwhile
+        with self._segments_lock:  # the training thread may drop the oldest too
+            while segments:
+                first = segments[0]
+                if first.steps is None or first.taken < first.steps:
+                    break
                 segments.popleft()
         spans = []
         for segment in list(segments):  # a copy: the training thread appends meanwhile
             steps = segment.steps
-            upto = segment.complete() if steps is None else steps
+            upto = min(segment.complete() if steps is None else steps, limit - segment.first)
             if upto > segment.taken:
                 spans.append((segment, upto))
         return spans
@@ -899,6 +943,7 @@ class _DrainState:
     """What the publisher thread carries from one drain to the next."""
 
     pending: deque[tuple[_Raw, float]] = field(default_factory=deque)  # awaiting events
+    held: list[_Raw] = field(default_factory=list)  # queued past a drain's limit: next one
     phases: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> name -> s
     next_index: int = 0
     dropped_steps: int = 0

@@ -9,17 +9,17 @@ that a pass crosses many of them.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 from gputop_dl import probe
-from gputop_dl.probe import stamps
+from gputop_dl.probe import core, stamps
 from gputop_dl.probe.loader import infer_samples
 from gputop_dl.probe.protocol import HostRow
 from gputop_dl.probe.stamps import Segment
@@ -276,9 +276,6 @@ def test_batches_counted_in_the_loops_own_frame_get_infer_samples_answer(
     # kind of batch after every kind learned must still be counted as infer_samples says.
     # Before each batch, enough of the teacher's that a segment starts with its way.
     data: list[Any] = [x for other in BATCHES for x in [*[BATCHES[teacher]] * 3 * CHUNK, other]]
-    # 72 segments of 7 steps: more than the probe holds for its publisher (sized for
-    # 1,024-step segments), which would drop the oldest before a drain.
-    p._segments = deque(maxlen=len(data))
     reader = attached(p)
     seen, timed_in_c = [], []
     for batch in p.watch(data):
@@ -290,31 +287,151 @@ def test_batches_counted_in_the_loops_own_frame_get_infer_samples_answer(
     assert counts == [infer_samples(batch) for batch in data]
 
 
+def stall_publisher(p: probe.Probe, monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Stop ``p``'s publisher draining; the function returned lets it drain again."""
+    stalled = threading.Event()
+    stalled.set()
+    drain = type(p)._drain
+
+    def maybe_drain(self: probe.Probe, *args: Any, **kwargs: Any) -> Any:
+        return None if stalled.is_set() else drain(self, *args, **kwargs)  # None: nothing came
+
+    monkeypatch.setattr(type(p), "_drain", maybe_drain)
+    return stalled.clear
+
+
+def steps_held(p: probe.Probe) -> int:
+    held = p._segments
+    return held[-1].first + held[-1].complete() - held[0].first if held else 0
+
+
 def test_a_publisher_that_stops_draining_bounds_the_memory_and_counts_the_loss(
     p: probe.Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reader = attached(p)
-    stalled = True
-    drain = type(p)._drain
-
-    def maybe_drain(self: probe.Probe, *args: Any, **kwargs: Any) -> Any:
-        return (0.0, []) if stalled else drain(self, *args, **kwargs)
-
-    monkeypatch.setattr(type(p), "_drain", maybe_drain)
-    kept = p._segments.maxlen
-    assert kept is not None
-    steps = (kept + 10) * CHUNK
+    resume = stall_publisher(p, monkeypatch)
+    bound = 10 * CHUNK
+    monkeypatch.setattr(core, "MAX_BUFFERED_STEPS", bound)
+    steps = 60 * CHUNK
     for _ in p.watch(batches(steps, size=1)):
         pass
-    assert len(p._segments) == kept  # the oldest segments went, not the memory
-    stalled = False
+    # The oldest segments went, not the memory: what is held is within a segment of the
+    # bound, and no ended segment keeps its gate.
+    assert bound - CHUNK < steps_held(p) < bound + CHUNK
+    assert not any(segment.gate for segment in p._segments)
+    held = steps_held(p)
+    resume()
     rows = published(p, reader)
     indices = [r["index"] for r in rows]
     python_timed = [i for i in indices if i < 5]  # the pass's start, before the fast path
     assert python_timed == list(range(len(python_timed)))
     tail = indices[len(python_timed) :]
-    assert tail == list(range(steps - len(tail), steps)) and len(tail) < steps - 5
+    assert tail == list(range(steps - len(tail), steps)) and len(tail) == held
     assert reader.of_kind("steps")[-1]["dropped_steps"] == steps - len(indices)
+
+
+def test_short_passes_while_the_publisher_is_late_lose_no_step(
+    p: probe.Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass makes at least one segment: 150 passes of 20 steps make 450 segments before
+    # the publisher drains again. Held by their count (48, sized for 1,024-step
+    # segments), the oldest were dropped; held by their steps, none is.
+    reader = attached(p)
+    resume = stall_publisher(p, monkeypatch)
+    passes, steps = 150, 20
+    loader = p.watch(batches(steps, size=3))
+    for _ in range(passes):
+        for _ in loader:
+            pass
+    assert len(p._segments) > 48
+    resume()
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(passes * steps))
+    assert {r["samples"] for r in rows} == {3}
+    assert reader.of_kind("steps")[-1]["dropped_steps"] == 0
+
+
+def test_segments_dropped_while_the_publisher_drains_are_each_published_or_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both threads pop from the segments held: the training thread the oldest past the
+    # bound, the publisher those it has finished. With a bound of 3 segments' steps and
+    # the publisher draining as fast as it can, every step is sent once or counted lost.
+    monkeypatch.setattr(core, "MAX_BUFFERED_STEPS", 3 * CHUNK)
+    live = tcp_probe("segments-race", system_interval_s=0, flush_interval_s=0.003)
+    assert live.enabled, live.error
+    reader = attached(live)  # closed with the probe by published()
+    steps = 30_000  # 1.5 s: the publisher, idle at first, wakes within 0.5 s
+    loader = live.watch(batches(500, size=2))
+    for _ in range(steps // 500):
+        for _ in loader:
+            busy_until = time.perf_counter() + 50e-6  # a step's work: the publisher drains
+            while time.perf_counter() < busy_until:
+                pass
+    rows = published(live, reader)
+    indices = [r["index"] for r in rows]
+    assert indices == sorted(set(indices)) and indices[-1] == steps - 1
+    messages = reader.of_kind("steps")
+    dropped = messages[-1]["dropped_steps"]
+    assert len(messages) >= 10 and dropped > 0  # both threads popped, drain after drain
+    assert len(indices) + dropped == steps
+
+
+def test_segments_without_steps_are_bounded_by_their_count(
+    p: probe.Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Passes of one batch: Python-timed, then a segment that finds the loader empty. Their
+    # steps never reach the steps bound; the segments' count is bounded instead.
+    reader = attached(p)
+    resume = stall_publisher(p, monkeypatch)
+    monkeypatch.setattr(core, "MAX_SEGMENTS", 10)
+    loader = p.watch(batches(1))
+    passes = 500
+    for _ in range(passes):
+        for _ in loader:
+            pass
+    assert len(p._segments) == 10
+    assert all(segment.steps == 0 for segment in p._segments)
+    resume()
+    assert [r["index"] for r in published(p, reader)] == list(range(passes))
+    # Two loop messages a pass filled the socket's queue and the steps were lost: only
+    # the newest changes of a flush are sent, and the last says where the loop is.
+    loops = reader.of_kind("loop")
+    assert len(loops) <= 20
+    assert (loops[-1]["state"], loops[-1]["step_index"]) == ("outside", passes)
+
+
+def test_a_step_queued_while_a_drain_reads_is_never_sent_after_a_later_one(
+    p: probe.Probe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The publisher pops the Python-timed steps, then reads the segments. A pass's first
+    # step queued between the two, with the segment after it begun and a step done, went
+    # out in the next drain, after that later step: a viewer drops it as older.
+    drain = type(p)._drain
+    stall_publisher(p, monkeypatch)  # this test drains by hand, at chosen moments
+    loop = iter(p.watch(batches(20)))
+    next(loop)  # step 0 open: Python-timed
+    spans = type(p)._segment_spans
+
+    def training_moves_meanwhile(self: probe.Probe, *args: Any) -> Any:
+        # The first drain: the pass's Python-timed steps queued, a segment with a step.
+        while p._segment is None or p._segment.complete() < 1:
+            next(loop)
+        return spans(self, *args)
+
+    monkeypatch.setattr(type(p), "_segment_spans", training_moves_meanwhile)
+    state = core._DrainState()
+    drained = [drain(p, state, 0.0, force=False) for _ in range(2)]
+    indices = [
+        index
+        for batch in drained
+        if batch is not None
+        for index in [row.index for row in batch.rows]
+        + [run.first + i for run in batch.runs for i in range(len(run.samples))]
+    ]
+    assert indices == list(range(p._index_now())) and state.dropped_steps == 0
+    for _ in loop:
+        pass
 
 
 def test_two_loops_stepped_in_turn_never_share_an_index(p: probe.Probe) -> None:
