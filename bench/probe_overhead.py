@@ -58,9 +58,10 @@ int objects of the readings, before they were sent as bytes, cost the training t
 allocator, so through pymalloc, which the two threads share; measured with the
 publisher's parts switched off one by one in children of 20,000 steps, 4-7 a round).
 
-``in_one_process`` then runs the three loops in ONE probe process: 1,000-step blocks in a
-shuffled order, back to back, each loop one pass taken a block at a time; the training
-thread's CPU is read per block, and the publisher and zmq threads' CPU is added per
+``in_one_process`` then runs the three loops in ONE probe process: 100-step blocks in a
+shuffled order, back to back (1,000-step blocks until 2026-11-27: four times the
+spread), each loop one pass taken a block at a time; the training thread's CPU is read
+per block, and the publisher and zmq threads' CPU is added per
 watched step, charged by time: their CPU over the run less their CPU per second without
 steps (measured after it) over the time the bare and floor blocks ran, since in a
 training that per-second work is spread over the watched steps alone (the whole run's
@@ -107,6 +108,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -605,19 +607,31 @@ def pairs_of(kind: str, pairs: int, shared_core: bool = False) -> None:
         print(f"  of which {name + ':':<31}{spread([x[i] / STEPS * 1e6 for x in parts])}")
 
 
-def in_one_process(kind: str, rounds: int = 150, steps: int = 1_000) -> None:
+def in_one_process(kind: str, rounds: int = 1_500, steps: int = 100) -> None:
     """The same three loops in one probe process (see ``blocks`` in CHILD): no
     process-to-process difference of layout or host speed between the arms. Each loop
     is one pass, as in a training; the publisher and zmq threads' CPU, charged by time
-    (see ``blocks``), is added to the training thread's per watched step."""
+    (see ``blocks``), is added to the training thread's per watched step.
+
+    Blocks of 100 steps (~20 ms): the host's speed drifts over seconds, and the closer in
+    time a round's three blocks run, the less it moves them apart. On 2026-11-27, 4,800
+    additions a step (214 us): a round's training-thread difference had an IQR of
+    -5.6..8.2 us a step with 1,500 rounds of 100 steps, against -28.6..25.5 with 150 of
+    1,000 (the design until then)."""
     child, sub = start("blocks", kind, steps, random.randrange(2**32), rounds)
     assert child.stdout is not None and sub is not None
+    # Read meanwhile: its lines of per-round figures can outgrow the pipe's buffer, and a
+    # child blocked writing them never exits.
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.append(child.stdout.read()))  # type: ignore[union-attr]
+    reader.start()
     received = 0
     while child.poll() is None:
         received += len(sub.receive(0.05, max_messages=100_000))
     sub.close()
+    reader.join()
     assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
-    lines = child.stdout.read().splitlines()[-4:]
+    lines = output[0].splitlines()[-4:]
     whole_run_us, others_us, sampler_us = (float(x) for x in lines[0].split())
     main_us, floor_us, bare_us = ([float(x) for x in line.split()] for line in lines[1:])
     print(f"the same in one process, over {KINDS[kind]}")
