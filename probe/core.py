@@ -422,9 +422,11 @@ class Probe:
     def _begin_segment(self, segment: Segment) -> None:
         self._segment = segment
         held = self._segments
-        if held and (
-            len(held) >= MAX_SEGMENTS or segment.first - held[0].first >= MAX_BUFFERED_STEPS
-        ):
+        try:
+            oldest = held[0].first  # one read: the publisher may empty it at any moment
+        except IndexError:
+            oldest = segment.first
+        if len(held) >= MAX_SEGMENTS or segment.first - oldest >= MAX_BUFFERED_STEPS:
             self._drop_oldest_segments(segment.first)
         held.append(segment)
 
@@ -795,7 +797,7 @@ class Probe:
         # stored before the index passes it). Without it, a pass's first step queued as
         # rows are popped, and the segment after it read next, went out after later steps,
         # which a viewer drops as older (tests/test_watch_segments.py).
-        limit = self._index_now()
+        limit = sys.maxsize if force else self._index_now()  # force: the last drain
         # The training thread appends meanwhile: pop (in a C loop), not iterate.
         raws = st.held + list(map(call, repeat(self._steps.popleft, len(self._steps))))
         st.held = []

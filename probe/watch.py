@@ -107,8 +107,10 @@ class Watched(Generic[T]):
             yield from iterable
             return
         how = "exhausted"
+        # A loader that cannot start raises here, before the pass is entered: a pass
+        # left without being entered ended the count of a loop running around this one.
+        iterator = iter(iterable)
         try:
-            iterator = iter(iterable)
             info = self._pass_info(iterator)
             probe._loop_entered(info, self._framework)
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)

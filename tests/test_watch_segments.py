@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -432,6 +433,62 @@ def test_a_step_queued_while_a_drain_reads_is_never_sent_after_a_later_one(
     assert indices == list(range(p._index_now())) and state.dropped_steps == 0
     for _ in loop:
         pass
+
+
+class _EmptiedOnRead(deque[Segment]):
+    """The segments held, which the publisher (finished with them) empties just as the
+    training thread first reads the oldest: an interleaving the GIL allows at any
+    bytecode."""
+
+    emptied = False
+
+    def __getitem__(self, index: Any) -> Any:
+        if not self.emptied:
+            self.emptied = True
+            self.clear()
+        return super().__getitem__(index)
+
+
+def test_a_segment_begun_as_the_publisher_lets_go_of_the_others_does_not_raise(
+    p: probe.Probe,
+) -> None:
+    reader = attached(p)
+    for _ in p.watch(batches(10)):  # a pass: its segment is held, published or not
+        pass
+    assert p._segments
+    p._segments = _EmptiedOnRead(p._segments)
+    seen = sum(1 for _ in p.watch(batches(10)))  # raised IndexError into the training
+    assert seen == 10 and p._segments.emptied
+    rows = published(p, reader)
+    assert [r["index"] for r in rows][-10:] == list(range(10, 20))
+
+
+def test_a_loader_that_cannot_start_inside_a_timed_pass_leaves_that_pass_alone(
+    p: probe.Probe,
+) -> None:
+    class Broken:
+        def __iter__(self) -> Iterator[Any]:
+            raise RuntimeError("cannot open the shards")
+
+    reader = attached(p)
+    broken = p.watch(Broken())
+    seen = 0
+    for i, _ in enumerate(p.watch(batches(40))):
+        seen += 1
+        if i == 20:
+            timed_in_c = p._segment
+            assert timed_in_c is not None
+            with pytest.raises(RuntimeError, match="shards"):
+                for _ in broken:
+                    pass
+            # A pass never entered is never left: the outer one is still the only one,
+            # C-timed in the same segment, and no one is told it left its loop.
+            assert p._passes == 1 and p._segment is timed_in_c
+            assert p._loop == "in-loop"
+    assert seen == 40
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(40))
+    assert [m["state"] for m in reader.of_kind("loop")] == ["in-loop", "outside"]
 
 
 def test_two_loops_stepped_in_turn_never_share_an_index(p: probe.Probe) -> None:
