@@ -469,6 +469,7 @@ def components() -> None:
         t_ns = time.perf_counter_ns()
         segment.stamps.extend(range(t_ns, t_ns + 30_000 * (2 * n + 1), 30_000))
         segment.steps = n
+        p._index = n  # as the training thread leaves it when the segment ends
         p._segments.clear()
         p._segments.append(segment)
         c0 = time.thread_time()

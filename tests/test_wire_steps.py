@@ -142,6 +142,7 @@ def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
     for i in range(9):
         p._steps.append((123_456 + i, t, t + 0.002, t + 0.012, 256, None, None))
         t += 0.012
+    p._index = 123_465  # as the training thread leaves it: past every step it queued
     batch = p._drain(_DrainState(), 1_700_000_000.0, force=False)
     assert batch is not None and not batch.runs
     assert all(len(msgspec.msgpack.encode(r)) <= 40 for r in batch.rows)
