@@ -624,7 +624,8 @@ def in_one_process(kind: str, rounds: int = 1_500, steps: int = 100) -> None:
     # Read meanwhile: its lines of per-round figures can outgrow the pipe's buffer, and a
     # child blocked writing them never exits.
     output: list[str] = []
-    reader = threading.Thread(target=lambda: output.append(child.stdout.read()))  # type: ignore[union-attr]
+    stdout = child.stdout
+    reader = threading.Thread(target=lambda: output.append(stdout.read()))
     reader.start()
     received = 0
     while child.poll() is None:

@@ -242,7 +242,7 @@ class Probe:
         # no other loop's steps take indices while a segment counts them.
         self._passes = 0
         self._segments: deque[Segment] = deque()
-        # Held to pop from _segments: the training thread only tries it (never waits).
+        # Held by whoever pops from _segments: the training thread only tries it.
         self._segments_lock = threading.Lock()
         # probe.step(samples) inside a segment: (step index, count) for the publisher.
         self._count_fixes: deque[tuple[int, int | None]] = deque(maxlen=MAX_BUFFERED_STEPS)
@@ -421,19 +421,14 @@ class Probe:
 
     def _begin_segment(self, segment: Segment) -> None:
         self._segment = segment
-        held = self._segments
-        try:
-            oldest = held[0].first  # one read: the publisher may empty it at any moment
-        except IndexError:
-            oldest = segment.first
-        if len(held) >= MAX_SEGMENTS or segment.first - oldest >= MAX_BUFFERED_STEPS:
-            self._drop_oldest_segments(segment.first)
-        held.append(segment)
+        self._drop_oldest_segments(segment.first)
+        self._segments.append(segment)
 
     def _drop_oldest_segments(self, first: int) -> None:
         """Training thread: let go of the oldest segments held, unpublished or not, until
-        those left and one starting at step ``first`` fit the bounds. Never waits: when the
-        publisher holds the lock it is draining them, and the next segment checks again."""
+        those left and one starting at step ``first`` fit the bounds. Under the lock the
+        publisher pops with, and never waiting for it: when the publisher holds it, it is
+        letting go of segments itself, and the next segment checks again."""
         if not self._segments_lock.acquire(blocking=False):
             return
         try:
