@@ -19,10 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gputop_dl.probe.collectors.host import HostCollector, ProcessCollector
-from gputop_dl.probe.collectors.sampler import NodeSampler
+from gputop_dl.probe.collectors.sampler import NodeSampler, samples_between_walks
+from gputop_dl.probe.collectors.top import TopCollector
 
 CALLS = 200
 WORKERS = 4  # sleeping children standing in for DataLoader workers
+MORE_PROCESSES = 1_000  # a big node's kernel threads and daemons, as sleeping children
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -131,8 +133,33 @@ def beside_training(seconds: float = 6.0, rounds: int = 4) -> None:
     )
 
 
+def walk_cost(calls: int = 30) -> None:
+    """The process table's walk of /proc (every process's stat file), here and with
+    MORE_PROCESSES sleeping processes more: its CPU, and what it costs a second at the
+    sampler's 1 Hz once its walks are spaced by that cost (samples_between_walks)."""
+    print(f"walk of /proc for the process table ({calls} walks)")
+    for extra in (0, MORE_PROCESSES):
+        sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(extra)]
+        try:
+            n = sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+            walks = [measure(TopCollector().sample, 1)[0] for _ in range(calls)]
+            cpu = statistics.median(walks)
+            every = samples_between_walks(cpu / 1e3, 1.0)
+            print(
+                f"  {n:5d} processes: {cpu:6.2f} ms a walk ({min(walks):.2f}..{max(walks):.2f}),"
+                f" {cpu / n * 1e3:5.1f} us a process; a walk every {every} samples:"
+                f" {cpu / every:.2f} ms a second"
+            )
+        finally:
+            for sleeper in sleepers:
+                sleeper.kill()
+            for sleeper in sleepers:
+                sleeper.wait()
+
+
 def main() -> None:
     host_cost()
+    walk_cost()
     beside_training()
 
 

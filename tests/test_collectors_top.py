@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gputop_dl.probe.collectors.top import TopCollector, busiest
+from gputop_dl.probe.collectors.sampler import TOP_EVERY, NodeSampler, samples_between_walks
+from gputop_dl.probe.collectors.top import Row, TopCollector, busiest
 from gputop_dl.probe.samples import TopProcess
 
 
-def proc(pid: int, cpu: float | None, rss: int | None) -> TopProcess:
-    return TopProcess(pid, 1, f"p{pid}", cpu, rss)
+def proc(pid: int, cpu: float | None, rss: int | None) -> Row:
+    return (pid, 1, f"p{pid}", cpu, rss)
 
 
 @pytest.mark.parametrize(
@@ -34,10 +35,10 @@ def proc(pid: int, cpu: float | None, rss: int | None) -> TopProcess:
         ([proc(1, None, None), proc(2, None, 7)], 0, 1, [2]),
     ],
 )
-def test_busiest(
-    processes: list[TopProcess], by_cpu: int, by_memory: int, expected: list[int]
-) -> None:
-    assert [p.pid for p in busiest(processes, by_cpu, by_memory)] == expected
+def test_busiest(processes: list[Row], by_cpu: int, by_memory: int, expected: list[int]) -> None:
+    chosen = busiest(processes, by_cpu, by_memory)
+    assert [p.pid for p in chosen] == expected
+    assert all(type(p) is TopProcess for p in chosen)  # what a sample carries
 
 
 def test_a_busy_process_tops_the_list_from_the_second_sample() -> None:
@@ -122,3 +123,51 @@ def test_cpu_share_over_the_interval_and_a_reused_pid_starts_over(tmp_path: Path
 
 def test_without_proc_nothing_is_reported(tmp_path: Path) -> None:
     assert TopCollector(proc_root=str(tmp_path / "missing")).sample() is None
+
+
+@pytest.mark.parametrize(
+    ("walk_cpu_s", "pace_s", "expected"),
+    [
+        (0.001, 1.0, TOP_EVERY),  # a container's 60 processes: every TOP_EVERY samples
+        (0.020, 1.0, 20),  # 1,000 processes: 20 ms spread over 20 s is 1 ms a second
+        (0.0201, 1.0, 21),  # rounded up: never over the share
+        (0.020, 5.0, TOP_EVERY),  # nobody watching, a sample every 5 s: 20 ms in 25 s
+        (0.100, 0.5, 200),
+        (0.0, 1.0, TOP_EVERY),
+        (float("nan"), 1.0, TOP_EVERY),  # a clock that said nothing useful
+        (0.020, 0.0, TOP_EVERY),
+    ],
+)
+def test_walks_of_proc_are_spaced_by_their_cost(
+    walk_cpu_s: float, pace_s: float, expected: int
+) -> None:
+    assert samples_between_walks(walk_cpu_s, pace_s) == expected
+
+
+class SlowWalk:
+    """A process table whose walk takes ``cpu_s`` of this thread's CPU, as a node of
+    thousands of processes does."""
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+        self.walks = 0
+
+    def sample(self) -> tuple[TopProcess, ...]:
+        self.walks += 1
+        end = time.thread_time() + self.cpu_s
+        while time.thread_time() < end:
+            pass
+        return (TopProcess(1, 0, "init", 0.0, 1),)
+
+
+def test_a_costly_walk_of_proc_runs_less_often_and_its_table_is_repeated_between() -> None:
+    sampler = NodeSampler(main_pid=None, interval_s=1.0, host=True, accelerators=False)
+    slow = sampler._top = SlowWalk(0.012)  # 12 ms a walk: one every 12 samples at 1 s
+    tables = [sampler.sample().top for _ in range(30)]
+    assert slow.walks == 3  # samples 1, 13 and 25
+    assert all(t is not None and t[0].name == "init" for t in tables)
+    cheap = sampler._top = SlowWalk(0.0)
+    sampler.pace(0.5)  # a faster pace (a viewer attached): a walk at once, then every 5
+    for _ in range(11):
+        sampler.sample()
+    assert cheap.walks == 3

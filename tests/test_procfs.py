@@ -10,6 +10,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -39,29 +40,44 @@ def test_a_proc_file_reads_as_pythons_own_read_of_it(name: str) -> None:
     ]
 
 
-def test_a_file_longer_than_one_read_comes_whole(tmp_path: Path) -> None:
-    data = os.urandom(procfs.CHUNK * 3 + 17)
-    path = tmp_path / "long"
+READS = [procfs.read_bytes, procfs.read_single]
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("size", [0, 1, procfs.CHUNK - 1, procfs.CHUNK, procfs.CHUNK * 3 + 17])
+def test_a_file_of_any_length_comes_whole(
+    read: Callable[[str], bytes], size: int, tmp_path: Path
+) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "file"
     path.write_bytes(data)
-    assert procfs.read_bytes(str(path)) == data
+    assert read(str(path)) == data
     assert procfs._read_unheld(str(path)) == data
-    (tmp_path / "empty").write_bytes(b"")
-    assert procfs.read_bytes(str(tmp_path / "empty")) == b""
 
 
-def test_errors_are_the_oserrors_open_raises(tmp_path: Path) -> None:
+@linux
+def test_a_one_record_proc_file_reads_whole_in_one_read() -> None:
+    """/proc/<pid>/stat is one seq_file record: one read takes it whole, so read_single
+    reads what read_bytes does (only the CPU counters move between the two)."""
+    for path in ("/proc/self/stat", f"/proc/{os.getppid()}/stat", "/proc/self/statm"):
+        single, whole = procfs.read_single(path), procfs.read_bytes(path)
+        assert single.endswith(b"\n") and len(single.split()) == len(whole.split()), path
+
+
+@pytest.mark.parametrize("read", READS)
+def test_errors_are_the_oserrors_open_raises(read: Callable[[str], bytes], tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as missing:
-        procfs.read_bytes(str(tmp_path / "gone"))
+        read(str(tmp_path / "gone"))
     assert missing.value.errno == errno.ENOENT and missing.value.filename.endswith("gone")
     with pytest.raises(IsADirectoryError):
-        procfs.read_bytes(str(tmp_path))
+        read(str(tmp_path))
     (tmp_path / "a").write_bytes(b"not this one")
     with pytest.raises(ValueError):  # C would have read "a"
-        procfs.read_bytes(str(tmp_path / "a\0b"))
+        read(str(tmp_path / "a\0b"))
     dead = psutil.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with pytest.raises(OSError):
-        procfs.read_bytes(f"/proc/{dead.pid}/stat")
+        read(f"/proc/{dead.pid}/stat")
 
 
 @linux

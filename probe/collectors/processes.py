@@ -149,7 +149,8 @@ class ProcessCollector:
 
     def _one_from_stat(self, pid: int, role: str, now: float) -> ProcessSample:
         try:
-            parsed = parse_stat(procfs.read_text(f"{self._proc_root}/{pid}/stat"))
+            data = procfs.read_single(f"{self._proc_root}/{pid}/stat")
+            parsed = parse_stat(data.decode(errors="replace"))
         except OSError:
             parsed = None
         if parsed is None:

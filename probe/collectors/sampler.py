@@ -8,6 +8,7 @@ collector degrades on its own: a slow or broken source costs only its own fields
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import threading
@@ -18,7 +19,20 @@ from typing import Any
 
 from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
 
-TOP_EVERY = 5  # samples between two walks of /proc for the process table
+TOP_EVERY = 5  # samples between two walks of /proc for the process table, at least
+# A walk reads every process's /proc/<pid>/stat: ~15 us of CPU a process, 1 ms on a
+# container of 60 processes but 15-25 ms on a node of 1,000 (bench/sampler_cost.py),
+# and a 128-core node has that many kernel threads alone. So walks are spaced to cost
+# the training process at most this share of a core, on top of TOP_EVERY.
+TOP_CPU_SHARE = 0.001
+
+
+def samples_between_walks(walk_cpu_s: float, pace_s: float) -> int:
+    """Samples from one walk of /proc to the next: TOP_EVERY, or more when the last
+    walk took ``walk_cpu_s`` of CPU and samples come every ``pace_s``."""
+    if pace_s <= 0 or not math.isfinite(walk_cpu_s):
+        return TOP_EVERY
+    return max(TOP_EVERY, math.ceil(walk_cpu_s / (TOP_CPU_SHARE * pace_s)))
 
 
 class NodeSampler:
@@ -62,7 +76,7 @@ class NodeSampler:
 
                 self._hlsmi = HlSmiCollector(interval_s=max(1.0, interval_s))
         # The node's busiest processes (the process table, cpu-contention): a walk of
-        # /proc costs ~3 ms, so it runs every TOP_EVERY samples and is repeated between.
+        # /proc runs every few samples (samples_between_walks) and is repeated between.
         self._top: Any = None
         if host:
             from gputop_dl.probe.collectors.top import TopCollector
@@ -171,8 +185,9 @@ class NodeSampler:
                 self._training_pids = {p.pid for p in procs.processes}
         if self._top is not None:
             if self._top_countdown <= 0:
+                cpu = time.thread_time()
                 self._top_last = self._top.sample()
-                self._top_countdown = TOP_EVERY
+                self._top_countdown = samples_between_walks(time.thread_time() - cpu, self._pace)
             self._top_countdown -= 1
             fields["top"] = self._top_last
         if self._nvml is not None:
