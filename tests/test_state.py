@@ -975,12 +975,15 @@ def test_a_killed_local_run_shows_as_gone_within_three_seconds() -> None:
     state.apply_all(live_run(NOW))
     state.tick(NOW)
     assert state.selected is not None and state.selected.connection.state == "live"
+    assert state.selected.rate_now is not None
     pids.alive.clear()  # kill -9: no bye
     for at in (NOW + 0.5, NOW + 1.0, NOW + 1.5, NOW + 2.0, NOW + 2.5):
         state.tick(at)
     assert state.selected.connection.state == "exited"
     assert state.selected.connection.text == GONE_TEXT
     assert pids.asked <= 4  # at most once a second
+    # gone: no rate "now" (its last points are from before it stopped), the average stays
+    assert state.selected.rate_now is None and state.selected.rate_avg is not None
 
 
 def test_a_gone_run_that_speaks_again_is_live() -> None:
@@ -1009,6 +1012,7 @@ def test_a_silent_remote_run_is_lost(host: str, silent_s: float, expected: str) 
     state.tick(NOW + silent_s)
     assert state.selected is not None
     assert state.selected.connection.state == expected
+    assert (state.selected.rate_now is None) == (expected == LOST)
 
 
 def test_bye_stays_exited_and_ended_runs_leave_after_a_minute_for_the_recent_list() -> None:

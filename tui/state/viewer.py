@@ -585,7 +585,9 @@ class ViewerState:
             uptime_s=max(0.0, source.probe_time(now) - hello.started) if hello else None,
             step_count=source.step_count,
             unit=source.unit,
-            rate_now=source.rate_now(),
+            # A run that ended has no rate now: its last points are from before it
+            # stopped (a run killed outside its loop showed its last epoch's rate).
+            rate_now=None if connection.state in (EXITED, LOST) else source.rate_now(),
             rate_avg=source.rate_avg(),
             wait_share_now=wait_share,
             device_busy_now=device_share,
