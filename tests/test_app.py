@@ -51,7 +51,7 @@ from gputop_dl.tui.widgets.banner import Banner
 from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.cpu import CpuPanel
 from gputop_dl.tui.widgets.disk import DiskPanel
-from gputop_dl.tui.widgets.header import HeaderBar
+from gputop_dl.tui.widgets.header import STATE_GLYPHS, HeaderBar
 from gputop_dl.tui.widgets.help import HelpScreen
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
@@ -291,6 +291,10 @@ async def test_help_screen_explains_panels_and_verdicts() -> None:
         markdown = app.screen.query_one(Markdown)
         assert "input-bound" in markdown.source
         assert "iowait" in markdown.source
+        # every state the header can show, with its glyph ("error" is an endpoint's)
+        for state, glyph in STATE_GLYPHS.items():
+            if state != "error":
+                assert f"`{glyph} {state}`" in markdown.source, state
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, HelpScreen)

@@ -16,10 +16,12 @@ HELP_TEXT = f"""\
 ## Panels
 
 - **Header**: run name, rank/world, host, uptime, step count, samples/s now (last 5 s)
-  and on average, and the connection: `● live`, `◐ stale` (no message for more than
-  3 s), `■ exited` (with the reason), `✖ incompatible` (protocol versions differ),
-  `◌ connecting` (nothing received yet). With several runs or ranks a second line
-  lists them: `tab`/`shift+tab` or `1`-`9` switch.
+  and on average (an ended run has no rate now), and the connection: `● live`,
+  `◐ stale` (no message for more than 3 s), `■ exited` (with the reason: a goodbye, or
+  the process gone without one), `◌ lost` (a remote run silent for 6 s),
+  `✖ incompatible` (protocol versions differ), `◌ connecting` (nothing received yet).
+  With several runs or ranks a second line lists them: `tab`/`shift+tab` or `1`-`9`
+  switch.
 - **Banner**: the bottleneck verdict. Its colour is its severity (green fine, blue
   information, yellow worth fixing, red stuck). Lines: `•` evidence, `→` advice,
   `⇡` headroom (what the run would gain without the bottleneck).
