@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gputop_dl.probe.collectors.host import HostCollector, ProcessCollector
+from gputop_dl.probe.collectors.processes import FULL_SCAN_EVERY
 from gputop_dl.probe.collectors.sampler import NodeSampler, samples_between_walks
 from gputop_dl.probe.collectors.top import TopCollector
 
@@ -157,8 +158,59 @@ def walk_cost(calls: int = 30) -> None:
                 sleeper.wait()
 
 
+TREE = r"""
+import subprocess, sys, threading, time
+threads, workers = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(threads):
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+worker = (
+    "import threading, time\n"
+    "for _ in range(10): threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    "time.sleep(600)"
+)
+kids = [subprocess.Popen([sys.executable, "-c", worker]) for _ in range(workers)]
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def tree_cost(threads: int = 100, workers: int = 8, calls: int = 40) -> None:
+    """The training tree's sample (ProcessCollector) of a process with ``threads``
+    threads and ``workers`` children of 10 threads each, as a training process with its
+    intra-op, NCCL and CUDA threads and its DataLoader workers: every thread's children
+    file read (a full scan) against only main threads' (between full scans)."""
+    tree = subprocess.Popen(
+        [sys.executable, "-c", TREE, str(threads), str(workers)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert tree.stdout is not None
+        tree.stdout.readline()
+        collector = ProcessCollector(tree.pid)
+        by_kind: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(calls * FULL_SCAN_EVERY):
+            full = collector._scans % FULL_SCAN_EVERY == 0
+            t0 = time.thread_time()
+            collector.sample()
+            by_kind[full].append((time.thread_time() - t0) * 1e3)
+        full_ms, light_ms = (statistics.median(by_kind[k]) for k in (True, False))
+        mean = (full_ms + (FULL_SCAN_EVERY - 1) * light_ms) / FULL_SCAN_EVERY
+        print(
+            f"training tree: {threads} threads and {workers} workers of 10: every thread's "
+            f"children file {full_ms:.2f} ms, main threads' only {light_ms:.2f} ms; one full "
+            f"scan in {FULL_SCAN_EVERY}: {mean:.2f} ms a sample"
+        )
+    finally:
+        import psutil
+
+        for child in psutil.Process(tree.pid).children(recursive=True):
+            child.kill()
+        tree.kill()
+        tree.wait()
+
+
 def main() -> None:
     host_cost()
+    tree_cost()
     walk_cost()
     beside_training()
 

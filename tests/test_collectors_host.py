@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gputop_dl.probe.collectors import processes
 from gputop_dl.probe.collectors.cgroup import (
     CgroupReader,
     parse_cpu_max,
@@ -37,7 +38,7 @@ from gputop_dl.probe.collectors.host import (
     parse_pressure,
     parse_vmstat_swap,
 )
-from gputop_dl.probe.collectors.processes import descendants_from_children_files
+from gputop_dl.probe.collectors.processes import FULL_SCAN_EVERY, descendants_from_children_files
 from gputop_dl.probe.messages import System
 from gputop_dl.probe.protocol import decode, encode
 from gputop_dl.probe.samples import MAX_STR, SystemSample
@@ -350,6 +351,60 @@ def test_process_collector_finds_grandchildren() -> None:
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_a_child_another_thread_forked_is_kept_between_full_scans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every thread's children file is read every FULL_SCAN_EVERY samples (a training
+    process has ~100 threads), only main threads' between: a child a thread forked is
+    found by the first sample, kept by the next ones, and gone once reaped; a new one
+    shows up by the next full scan."""
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        pytest.skip("no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN)")
+    children: list[subprocess.Popen[bytes]] = []
+    done = threading.Event()
+
+    def fork_and_stay() -> None:
+        children.append(subprocess.Popen(["sleep", "30"]))
+        done.wait(30)  # alive: the children of a thread that ended pass to the main one
+
+    def fork_from_another_thread() -> int:
+        count = len(children)
+        threading.Thread(target=fork_and_stay, daemon=True).start()
+        while len(children) == count:
+            time.sleep(0.01)
+        return children[-1].pid
+
+    own_tasks = f"/proc/{os.getpid()}/task"
+    listed: list[str] = []
+    list_dir = processes.procfs.list_dir
+    monkeypatch.setattr(
+        processes.procfs, "list_dir", lambda path: listed.append(path) or list_dir(path)
+    )
+    try:
+        first = fork_from_another_thread()
+        collector = ProcessCollector(os.getpid())
+
+        def pids() -> set[int]:
+            tree = collector.sample()
+            assert tree is not None
+            return {p.pid for p in tree.processes}
+
+        assert all(first in pids() for _ in range(FULL_SCAN_EVERY + 1))
+        assert listed.count(own_tasks) == 2  # samples 1 and FULL_SCAN_EVERY + 1
+        second = fork_from_another_thread()
+        seen = [second in pids() for _ in range(FULL_SCAN_EVERY)]
+        assert seen == [False] * (FULL_SCAN_EVERY - 1) + [True], seen
+        children[0].kill()
+        children[0].wait()
+        assert first not in pids()  # a light scan: its stat is gone
+        assert listed.count(own_tasks) == 3
+    finally:
+        done.set()
+        for child in children:
+            child.kill()
+            child.wait()
 
 
 def test_process_collector_leaves_out_our_own_tool_children() -> None:

@@ -19,6 +19,12 @@ from gputop_dl.probe.collectors.top import parse_stat
 from gputop_dl.probe.samples import MAX_STR, ProcessSample, TrainingProcesses
 
 SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
+# Samples from one read of every thread's children file to the next. A training process
+# has 50-150 threads (intra-op, NCCL, CUDA, pin-memory, loggers): ~14 us a thread, 1.5 ms
+# a sample for 100 (bench/sampler_cost.py). Between two, only each process's main
+# thread's file is read, and children other threads forked are taken from the last full
+# read (a new one shows up within this many samples; one gone fails its stat read).
+FULL_SCAN_EVERY = 5
 COMM_LEN = 15  # the kernel keeps this much of a process's name in /proc/<pid>/stat
 
 
@@ -29,15 +35,19 @@ def _children_files_supported(proc_root: str) -> bool:
 
 
 def descendants_from_children_files(
-    pid: int, proc_root: str = "/proc", parents: dict[int, int] | None = None
+    pid: int,
+    proc_root: str = "/proc",
+    parents: dict[int, int] | None = None,
+    all_threads: bool = True,
 ) -> list[int]:
     """All descendants of ``pid`` by walking the per-thread ``children`` files.
 
     Why not psutil's ``children(recursive=True)``: that reads ``/proc/*/stat`` of every
     process on the node (a few ms on a busy 8-GPU node, once per rank per second); this
     reads only the files of the training tree. A child shows up under the thread that
-    forked it, so every thread's file is read. ``parents`` (if given) is filled with
-    each descendant's parent pid.
+    forked it, so every thread's file is read; with ``all_threads`` False only each
+    process's main thread's (what forks DataLoader workers and subprocesses, almost
+    always). ``parents`` (if given) is filled with each descendant's parent pid.
     """
     out: list[int] = []
     seen = {pid}
@@ -45,10 +55,13 @@ def descendants_from_children_files(
     while stack:
         cur = stack.pop()
         task_dir = os.path.join(proc_root, str(cur), "task")
-        try:
-            tids = procfs.list_dir(task_dir)
-        except OSError:
-            continue  # exited meanwhile
+        if all_threads:
+            try:
+                tids = procfs.list_dir(task_dir)
+            except OSError:
+                continue  # exited meanwhile
+        else:
+            tids = [str(cur)]
         for tid in tids:
             try:
                 text = procfs.read_text(os.path.join(task_dir, tid, "children"))
@@ -102,6 +115,8 @@ class ProcessCollector:
         # file objects (procfs.py says why); psutil otherwise
         self._linux = _children_files_supported(proc_root)
         self._started: dict[int, int] = {}  # pid -> start time (ticks): a reused pid
+        self._scans = 0  # of the tree; every FULL_SCAN_EVERY-th reads every thread's file
+        self._tree: dict[int, int] = {}  # the last full scan's descendants -> parents
         self._main: psutil.Process | None
         try:
             self._main = psutil.Process(main_pid)
@@ -121,7 +136,21 @@ class ProcessCollector:
 
     def _descendants(self, main: psutil.Process, parents: dict[int, int]) -> list[int]:
         if self._linux:
-            return descendants_from_children_files(self._main_pid, self._proc_root, parents)
+            full = self._scans % FULL_SCAN_EVERY == 0
+            self._scans += 1
+            found = descendants_from_children_files(
+                self._main_pid, self._proc_root, parents, all_threads=full
+            )
+            if full:
+                self._tree = dict(parents)
+                return found
+            # Parents come before their children in the full scan's order: a chain of
+            # them is taken whole.
+            for pid, parent in self._tree.items():
+                if pid not in parents and (parent == self._main_pid or parent in parents):
+                    parents[pid] = parent
+                    found.append(pid)
+            return found
         out = []
         for child in main.children(recursive=True):
             out.append(child.pid)
