@@ -407,6 +407,47 @@ def test_a_child_another_thread_forked_is_kept_between_full_scans(
             child.wait()
 
 
+def test_between_full_scans_a_child_is_kept_only_while_it_is_the_same_child(
+    tmp_path: Path,
+) -> None:
+    """A fake /proc: a thread of the main process forked 1000, which forked 2000, and
+    another thread forked 3000. Then 1000 ends: its pid goes to another user's job and
+    2000 to init. The samples between two full scans keep 3000 alone (the review's
+    case: they showed the stranger and the orphan as the run's for 4 samples)."""
+    me, thread = os.getpid(), os.getpid() + 1
+
+    def put(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+
+    def stat(pid: int, name: str, ppid: int, start: int) -> None:
+        fields = ["S", str(ppid), *["0"] * 17, str(start), "0", "100", *["0"] * 30]
+        put(f"{pid}/stat", f"{pid} ({name}) {' '.join(fields)}\n")
+
+    stat(me, "python", 1, 10)
+    put(f"{me}/task/{me}/children", "")
+    put(f"{me}/task/{thread}/children", "1000 3000")
+    stat(1000, "helper", me, 50)
+    put("1000/task/1000/children", "2000")
+    stat(2000, "grandchild", 1000, 60)
+    put("2000/task/2000/children", "")
+    stat(3000, "logger", me, 70)
+    put("3000/task/3000/children", "")
+    collector = ProcessCollector(me, proc_root=str(tmp_path))
+
+    def others() -> list[str]:
+        tree = collector.sample()
+        assert tree is not None
+        return sorted(p.name for p in tree.processes if p.pid != me)
+
+    assert others() == ["grandchild", "helper", "logger"]  # a full scan
+    put(f"{me}/task/{thread}/children", "3000")
+    stat(1000, "someone_else", 1, 999)  # the pid reused
+    stat(2000, "grandchild", 1, 60)  # the orphan, now init's
+    assert [others() for _ in range(FULL_SCAN_EVERY - 1)] == [["logger"]] * (FULL_SCAN_EVERY - 1)
+    assert others() == ["logger"]  # the next full scan agrees
+
+
 def test_process_collector_leaves_out_our_own_tool_children() -> None:
     # The hl-smi loop is a child of the training process but not a DataLoader worker.
     tool = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -136,6 +136,12 @@ def test_without_proc_nothing_is_reported(tmp_path: Path) -> None:
         (0.0, 1.0, TOP_EVERY),
         (float("nan"), 1.0, TOP_EVERY),  # a clock that said nothing useful
         (0.020, 0.0, TOP_EVERY),
+        (0.020, -1.0, TOP_EVERY),
+        (0.020, float("nan"), TOP_EVERY),
+        (0.020, float("inf"), TOP_EVERY),
+        (0.01, 5e-324, 1_000_000_000),  # a pace near zero: capped, not ZeroDivisionError
+        (0.01, 1e-310, 1_000_000_000),  # nor OverflowError
+        (float("inf"), 1.0, 1_000_000_000),
     ],
 )
 def test_walks_of_proc_are_spaced_by_their_cost(
@@ -162,9 +168,9 @@ class SlowWalk:
 
 def test_a_costly_walk_of_proc_runs_less_often_and_its_table_is_repeated_between() -> None:
     sampler = NodeSampler(main_pid=None, interval_s=1.0, host=True, accelerators=False)
-    slow = sampler._top = SlowWalk(0.012)  # 12 ms a walk: one every 12 samples at 1 s
+    slow = sampler._top = SlowWalk(0.012)  # just over 12 ms a walk: one in 13 samples at 1 s
     tables = [sampler.sample().top for _ in range(30)]
-    assert slow.walks == 3  # samples 1, 13 and 25
+    assert slow.walks == 3  # samples 1, 14 and 27 (1, 13 and 25 if it took 12 ms exactly)
     assert all(t is not None and t[0].name == "init" for t in tables)
     cheap = sampler._top = SlowWalk(0.0)
     sampler.pace(0.5)  # a faster pace (a viewer attached): a walk at once, then every 5

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -55,12 +56,39 @@ def test_a_file_of_any_length_comes_whole(
     assert procfs._read_unheld(str(path)) == data
 
 
+class CountingLibc:
+    """libc as procfs calls it, its reads counted."""
+
+    def __init__(self, libc: Any) -> None:
+        self.libc = libc
+        self.reads = 0
+
+    def open(self, *args: Any) -> int:
+        return int(self.libc.open(*args))
+
+    def read(self, *args: Any) -> int:
+        self.reads += 1
+        return int(self.libc.read(*args))
+
+    def close(self, *args: Any) -> int:
+        return int(self.libc.close(*args))
+
+
 @linux
-def test_a_one_record_proc_file_reads_whole_in_one_read() -> None:
+def test_a_one_record_proc_file_reads_whole_in_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """/proc/<pid>/stat is one seq_file record: one read takes it whole, so read_single
-    reads what read_bytes does (only the CPU counters move between the two)."""
+    reads what read_bytes does (only the CPU counters move between the two) in one read
+    where read_bytes makes two (the second finds the end)."""
+    if procfs._LIBC is None:
+        pytest.skip("no libc through ctypes: os.read is used")
+    libc = CountingLibc(procfs._LIBC)
+    monkeypatch.setattr(procfs, "_LIBC", libc)
     for path in ("/proc/self/stat", f"/proc/{os.getppid()}/stat", "/proc/self/statm"):
-        single, whole = procfs.read_single(path), procfs.read_bytes(path)
+        libc.reads = 0
+        single = procfs.read_single(path)
+        assert libc.reads == 1, path
+        whole = procfs.read_bytes(path)
+        assert libc.reads == 3, path
         assert single.endswith(b"\n") and len(single.split()) == len(whole.split()), path
 
 

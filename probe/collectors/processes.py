@@ -23,7 +23,8 @@ SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturate
 # has 50-150 threads (intra-op, NCCL, CUDA, pin-memory, loggers): ~14 us a thread, 1.5 ms
 # a sample for 100 (bench/sampler_cost.py). Between two, only each process's main
 # thread's file is read, and children other threads forked are taken from the last full
-# read (a new one shows up within this many samples; one gone fails its stat read).
+# read while their stat says the same process under the same parent (a new one shows
+# up within this many samples).
 FULL_SCAN_EVERY = 5
 COMM_LEN = 15  # the kernel keeps this much of a process's name in /proc/<pid>/stat
 
@@ -137,17 +138,21 @@ class ProcessCollector:
     def _descendants(self, main: psutil.Process, parents: dict[int, int]) -> list[int]:
         if self._linux:
             full = self._scans % FULL_SCAN_EVERY == 0
-            self._scans += 1
             found = descendants_from_children_files(
                 self._main_pid, self._proc_root, parents, all_threads=full
             )
+            self._scans += 1
             if full:
                 self._tree = dict(parents)
                 return found
             # Parents come before their children in the full scan's order: a chain of
             # them is taken whole.
             for pid, parent in self._tree.items():
-                if pid not in parents and (parent == self._main_pid or parent in parents):
+                if (
+                    pid not in parents
+                    and (parent == self._main_pid or parent in parents)
+                    and self._still_child(pid, parent)
+                ):
                     parents[pid] = parent
                     found.append(pid)
             return found
@@ -157,6 +162,17 @@ class ProcessCollector:
             with contextlib.suppress(psutil.Error):
                 parents[child.pid] = child.ppid()
         return out
+
+    def _still_child(self, pid: int, parent: int) -> bool:
+        """Whether ``pid`` is still the child of ``parent`` the last full scan found: the
+        same process (its start time) under the same parent. A child that ended leaves
+        its pid free for any process, and its own children to init."""
+        try:
+            data = procfs.read_single(f"{self._proc_root}/{pid}/stat")
+        except OSError:
+            return False
+        parsed = parse_stat(data.decode(errors="replace"))
+        return parsed is not None and parsed[1] == parent and parsed[4] == self._started.get(pid)
 
     def _one(self, pid: int, role: str, now: float) -> ProcessSample:
         if self._linux:

@@ -25,14 +25,17 @@ TOP_EVERY = 5  # samples between two walks of /proc for the process table, at le
 # and a 128-core node has that many kernel threads alone. So walks are spaced to cost
 # the training process at most this share of a core, on top of TOP_EVERY.
 TOP_CPU_SHARE = 0.001
+MAX_SAMPLES_BETWEEN_WALKS = 1e9  # a pace near zero must not overflow the count
 
 
 def samples_between_walks(walk_cpu_s: float, pace_s: float) -> int:
     """Samples from one walk of /proc to the next: TOP_EVERY, or more when the last
     walk took ``walk_cpu_s`` of CPU and samples come every ``pace_s``."""
-    if pace_s <= 0 or not math.isfinite(walk_cpu_s):
-        return TOP_EVERY
-    return max(TOP_EVERY, math.ceil(walk_cpu_s / (TOP_CPU_SHARE * pace_s)))
+    if not (pace_s > 0 and math.isfinite(pace_s) and walk_cpu_s > 0):
+        return TOP_EVERY  # also NaN: no spacing to be had from it
+    budget = TOP_CPU_SHARE * pace_s  # the CPU a sample may spend on walks
+    samples = walk_cpu_s / budget if budget > 0 else math.inf
+    return max(TOP_EVERY, math.ceil(min(samples, MAX_SAMPLES_BETWEEN_WALKS)))
 
 
 class NodeSampler:
