@@ -727,6 +727,28 @@ def test_single_host_sample_is_said_plainly() -> None:
     assert any("only 1 host sample" in e for e in v.evidence), v.evidence
 
 
+@pytest.mark.parametrize(
+    ("main_cpu", "disk_read", "waits"),
+    [
+        (39.0, 0.0, True),  # off-CPU, nothing read: it waits on something else
+        (5.0, 0.0, True),
+        (100.0, 0.0, False),  # pinned: it computes
+        (60.0, 0.0, False),  # at the blocked threshold: not said
+    ],
+)
+def test_a_main_process_that_loads_off_cpu_is_said_to_wait(
+    main_cpu: float, disk_read: float, waits: bool
+) -> None:
+    v = analyze(
+        window(make_steps(wait=INPUT), h=hello(0), procs=processes(main_cpu), disk_read=disk_read)
+    )
+    assert v.cause == "few-workers"
+    said = [e for e in v.evidence if "the loading waits" in e]
+    assert bool(said) == waits, v.evidence
+    if waits:
+        assert f"uses only {main_cpu:.0f} % of a core" in said[0]
+
+
 def test_stalled_says_how_long_and_typical_step() -> None:
     v = analyze(window(make_steps(period=0.21), now=T0 + 39 * 0.21 + 47))
     assert v.headline == "Stalled: no step for 47 s; typical step 210 ms"

@@ -400,12 +400,22 @@ def _cpu(ctx: Context) -> Cause | None:
                 f"itself; {knobs.setting(ctx.loader, 'num_workers')}"
             )
             summary = "the main process loads the data itself (no worker process seen)"
+        lines = [line]
+        cpu = ctx.loader_cpu_pct
+        if ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT:
+            # Off-CPU and no reads (else _blocked_loader said disk): it waits on
+            # something else, and more loaders wait in parallel just as well.
+            lines.append(
+                f"the main process uses only {fmt.pct_value(cpu)} of a core while the loop "
+                "waits for its batches, and the node reads little: the loading waits (a "
+                "remote store, a lock, a sleep) rather than computes; workers overlap the waits"
+            )
         advice, after = _workers_advice(ctx, 0)
         return Cause(
             "few-workers",
             0.9 if pinned else 0.75,
             summary,
-            _merge([line], host_evidence(ctx)),
+            _merge(lines, host_evidence(ctx)),
             advice,
             ctx.loader_cores,
             after,
