@@ -24,6 +24,7 @@ from fakes_tui import (
     bye,
     cgroup_sample,
     connecting,
+    cores,
     hello,
     incompatible,
     live_run,
@@ -39,7 +40,13 @@ from textual.pilot import Pilot
 from textual.widgets import Markdown
 
 from gputop_dl.probe.messages import System
-from gputop_dl.probe.samples import GpuSample, SourceStatus
+from gputop_dl.probe.samples import (
+    GpuSample,
+    ProcessSample,
+    SourceStatus,
+    TopProcess,
+    TrainingProcesses,
+)
 from gputop_dl.tui import state as tui_state
 from gputop_dl.tui.analyzer import Verdict
 from gputop_dl.tui.app import GputopApp
@@ -55,6 +62,7 @@ from gputop_dl.tui.widgets.header import STATE_GLYPHS, HeaderBar
 from gputop_dl.tui.widgets.help import HelpScreen
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
+from gputop_dl.tui.widgets.processes import role_of
 from gputop_dl.tui.widgets.status import StatusLine
 from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
@@ -445,6 +453,50 @@ async def test_panels_below_the_fold_are_named_and_reached_with_page_down() -> N
         rows = screen_text(app)
         assert any("+5 more (a taller terminal shows all)" in row for row in rows)
         assert rows[-2].strip() == "↑ more above: PgUp or ↑ to scroll"
+
+
+MAIN, WORKER, COMPILER, LATE, RANK1 = 4242, 4301, 7300, 7400, 4243
+
+
+@pytest.mark.parametrize(
+    ("process", "expected"),
+    [
+        (TopProcess(MAIN, 1, "python", 90.0, 1), "main"),
+        (TopProcess(WORKER, MAIN, "pt_data_worker", 90.0, 1), "worker"),
+        # a child the probe did not publish as a loader worker: g++, a tokenizer pool
+        (TopProcess(COMPILER, MAIN, "cc1plus", 90.0, 1), "child"),
+        # not in the training tree: gputop's own hl-smi loop (or one not sampled yet)
+        (TopProcess(LATE, MAIN, "hl-smi", 1.0, 1), ""),
+        (TopProcess(RANK1, 1, "python", 60.0, 1), "training"),
+        (TopProcess(RANK1 + 1, RANK1, "pt_data_worker", 60.0, 1), "training"),
+        (TopProcess(9100, 1, "ffmpeg", 300.0, 1), ""),
+    ],
+)
+def test_the_process_table_marks_what_the_sampler_reported(
+    process: TopProcess, expected: str
+) -> None:
+    roles = {MAIN: "main", WORKER: "worker", COMPILER: "other"}
+    assert role_of(process, MAIN, roles, {MAIN, RANK1}) == expected  # every run's pid
+
+
+async def test_the_cpu_panel_counts_the_other_children() -> None:
+    app, _source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        for others, said in ((1, "1 other child "), (2, "2 other children ")):
+            tree = TrainingProcesses(
+                (
+                    ProcessSample(MAIN, "main", "python", 80.0, 1),
+                    *(
+                        ProcessSample(COMPILER + i, "other", "cc1plus", 10.0, 1)
+                        for i in range(others)
+                    ),
+                ),
+                0,
+                0,
+            )
+            app.cpu.show(cores(8), tree, None)
+            await pilot.pause()
+            assert said in text(app.cpu), text(app.cpu)
 
 
 async def test_the_process_table_marks_the_training_and_names_the_others() -> None:

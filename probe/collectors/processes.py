@@ -118,6 +118,7 @@ class ProcessCollector:
         self._started: dict[int, int] = {}  # pid -> start time (ticks): a reused pid
         self._scans = 0  # of the tree; every FULL_SCAN_EVERY-th reads every thread's file
         self._tree: dict[int, int] = {}  # the last full scan's descendants -> parents
+        self._kept: dict[int, int] = {}  # those taken from it into this sample -> parents
         self._main: psutil.Process | None
         try:
             self._main = psutil.Process(main_pid)
@@ -143,18 +144,17 @@ class ProcessCollector:
             )
             self._scans += 1
             if full:
-                self._tree = dict(parents)
+                self._tree, self._kept = dict(parents), {}
                 return found
             # Parents come before their children in the full scan's order: a chain of
-            # them is taken whole.
-            for pid, parent in self._tree.items():
-                if (
-                    pid not in parents
-                    and (parent == self._main_pid or parent in parents)
-                    and self._still_child(pid, parent)
-                ):
-                    parents[pid] = parent
-                    found.append(pid)
+            # them is taken whole. Each is checked by its own stat read (_one_from_stat).
+            self._kept = {
+                pid: parent
+                for pid, parent in self._tree.items()
+                if pid not in parents and (parent == self._main_pid or parent in parents)
+            }
+            parents.update(self._kept)
+            found += self._kept
             return found
         out = []
         for child in main.children(recursive=True):
@@ -162,17 +162,6 @@ class ProcessCollector:
             with contextlib.suppress(psutil.Error):
                 parents[child.pid] = child.ppid()
         return out
-
-    def _still_child(self, pid: int, parent: int) -> bool:
-        """Whether ``pid`` is still the child of ``parent`` the last full scan found: the
-        same process (its start time) under the same parent. A child that ended leaves
-        its pid free for any process, and its own children to init."""
-        try:
-            data = procfs.read_single(f"{self._proc_root}/{pid}/stat")
-        except OSError:
-            return False
-        parsed = parse_stat(data.decode(errors="replace"))
-        return parsed is not None and parsed[1] == parent and parsed[4] == self._started.get(pid)
 
     def _one(self, pid: int, role: str, now: float) -> ProcessSample:
         if self._linux:
@@ -194,13 +183,17 @@ class ProcessCollector:
 
     def _one_from_stat(self, pid: int, role: str, now: float) -> ProcessSample:
         try:
-            data = procfs.read_single(f"{self._proc_root}/{pid}/stat")
-            parsed = parse_stat(data.decode(errors="replace"))
+            parsed = parse_stat(procfs.read_text(f"{self._proc_root}/{pid}/stat", single=True))
         except OSError:
             parsed = None
         if parsed is None:
             raise psutil.NoSuchProcess(pid)
-        name, _, cpu_s, rss, started = parsed
+        name, ppid, cpu_s, rss, started = parsed
+        kept = self._kept.get(pid)
+        if kept is not None and (ppid != kept or self._started.get(pid) != started):
+            # Not the child the last full scan found: it ended, and its pid went to
+            # another process, or its own children went to init.
+            raise psutil.NoSuchProcess(pid)
         if self._started.setdefault(pid, started) != started:  # the pid was reused
             if pid == self._main_pid:
                 raise psutil.NoSuchProcess(pid)

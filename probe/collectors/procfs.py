@@ -169,9 +169,10 @@ def _buffer() -> Any:
     return buf
 
 
-def read_text(path: str) -> str:
-    """The whole file as text (bytes that are not UTF-8 replaced: names are anyone's)."""
-    return read_bytes(path).decode(errors="replace")
+def read_text(path: str, *, single: bool = False) -> str:
+    """The whole file as text (bytes that are not UTF-8 replaced: names are anyone's);
+    ``single``: a file the kernel makes whole at every read (:func:`read_single`)."""
+    return (read_single(path) if single else read_bytes(path)).decode(errors="replace")
 
 
 def _read_unheld(path: str) -> bytes:

@@ -91,9 +91,7 @@ class TopCollector:
             if not entry.isdigit():
                 continue
             try:
-                text = procfs.read_single(f"{self.proc_root}/{entry}/stat").decode(
-                    errors="replace"  # a name is anyone's bytes
-                )
+                text = procfs.read_text(f"{self.proc_root}/{entry}/stat", single=True)
             except OSError:
                 continue  # gone meanwhile
             parsed = parse_stat(text)

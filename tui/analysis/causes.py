@@ -405,10 +405,12 @@ def _cpu(ctx: Context) -> Cause | None:
         if ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT:
             # Off-CPU and no reads (else _blocked_loader said disk): it waits on
             # something else, and more loaders wait in parallel just as well.
+            # (Its CPU figure is host_evidence's "main process" line.)
             lines.append(
-                f"the main process uses only {fmt.pct_value(cpu)} of a core while the loop "
-                "waits for its batches, and the node reads little: the loading waits (a "
-                "remote store, a lock, a sleep) rather than computes; workers overlap the waits"
+                f"the main process is mostly off-CPU (under {LOADER_BLOCKED_CPU_PCT:.0f} % of "
+                "a core) while the loop waits for its batches, and the node reads little: the "
+                "loading waits (a remote store, a lock, a sleep) rather than computes; workers "
+                "overlap the waits"
             )
         advice, after = _workers_advice(ctx, 0)
         return Cause(

@@ -215,6 +215,7 @@ class CpuPanel(Panel):
             line.append(fmt_pct(main.cpu_pct, compact=True))
         others = [p for p in processes.processes if p.role == "other"]
         if others and figures:  # compilers, tokenizers, loggers: the training's, not workers
-            line.append(f" · {len(others)} other children ", self.style("panel--dim"))
+            children = "other child" if len(others) == 1 else "other children"
+            line.append(f" · {len(others)} {children} ", self.style("panel--dim"))
             line.append(fmt_pct(sum(p.cpu_pct or 0.0 for p in others), compact=True))
         return line

@@ -1,13 +1,13 @@
 """The node's busiest processes, with the training's own marked (key ``t``).
 
 The verdict may blame other processes for taking the cores the DataLoader needs: this
-table names them. The selected run's main process and its DataLoader workers are
-marked, and so are the other runs' processes (other ranks on the node).
+table names them. The selected run's main process, its DataLoader workers and its other
+children are marked, and so are the other runs' processes (other ranks on the node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from rich.text import Text
 
@@ -19,19 +19,29 @@ SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full t
 ROLE_WIDTH = 11  # "◆ training "
 
 
+# A training process's role as its node sampler reports it (ProcessSample.role), as marked
+ROLE_LABELS = {"main": "main", "worker": "worker", "other": "child"}
+
+
 def role_of(
     process: TopProcess,
     own_pid: int | None,
-    workers: Collection[int],
+    roles: Mapping[int, str],
     run_pids: Collection[int],
 ) -> str:
-    """ "main" / "worker" for the selected run's processes, "training" for another run's
-    main process or worker, "" for anything else on the node."""
+    """ "main" / "worker" / "child" for the selected run's processes, as its sampler
+    reported them (only the loader's published pids are workers: a compiler or a logger
+    the main process started is a child), "training" for another run's main process or
+    its children (the table has only their pids), "" for anything else on the node."""
     if own_pid is not None and process.pid == own_pid:
         return "main"
-    if process.pid in workers or (own_pid is not None and process.ppid == own_pid):
-        return "worker"
-    if process.pid in run_pids or process.ppid in run_pids:
+    role = roles.get(process.pid)
+    if role is not None:
+        return ROLE_LABELS.get(role, "child")
+    # Not by parent pid for this run: its training tree leaves out gputop's own tools
+    # (the hl-smi loop), and a child started since it was sampled is marked at the next
+    # sample. Other runs' are marked by their parent: only their main pids are here.
+    if process.pid in run_pids or (process.ppid in run_pids and process.ppid != own_pid):
         return "training"
     return ""
 
@@ -41,7 +51,7 @@ class ProcessTable(Panel):
         super().__init__(id=id)
         self.top: tuple[TopProcess, ...] | None = None
         self.own_pid: int | None = None
-        self.worker_pids: frozenset[int] = frozenset()
+        self.roles: dict[int, str] = {}  # the selected run's processes: pid -> role
         self.run_pids: frozenset[int] = frozenset()
         self.border_title = "Top processes"
 
@@ -55,9 +65,7 @@ class ProcessTable(Panel):
         if self.unchanged(top, training, own_pid, run_pids):
             return
         self.top, self.own_pid, self.run_pids = top, own_pid, run_pids
-        self.worker_pids = frozenset(
-            p.pid for p in (training.processes if training else ()) if p.role == "worker"
-        )
+        self.roles = {p.pid: p.role for p in (training.processes if training else ())}
         self.set_border_title("Top processes · CPU % of one core, last interval")
         self.changed()
 
@@ -77,7 +85,7 @@ class ProcessTable(Panel):
         lines = [head]
         rows = self.top[:SHORT_ROWS] if self.compact else self.top
         for process in rows:
-            role = role_of(process, self.own_pid, self.worker_pids, self.run_pids)
+            role = role_of(process, self.own_pid, self.roles, self.run_pids)
             line = Text(f"{process.pid:>7} ")
             line.append(f"{fmt_pct(process.cpu_pct, compact=True):>5} ")
             line.append(f"{fmt_bytes(process.rss_bytes):>9}  ")
