@@ -392,15 +392,20 @@ class Probe:
         if outer is not None:  # a loop inside a C-timed one: its open step is dropped
             outer.gate.clear()  # the outer chain stops before its next clock reading
             self._end_segment(outer, close=False)
-        if info is not None:
+        # The loop's state goes out as a Loop message (which viewers apply to the hello
+        # they hold); a new hello only for what else changed: the loader (each epoch's
+        # worker pids) or the framework. A hello a pass cost the publisher ~0.25 ms each
+        # for loops of short passes (bench/short_passes.py).
+        if info is not None and info != self._loader_info:
             self._loader_info = info
             if info.dataset_path and self._sampler is not None:
                 self._sampler.set_data_path(info.dataset_path)  # a store; checked off-thread
-        if framework is not None:
+            self._hello_dirty.set()
+        if framework is not None and framework != self._framework:
             self._framework = framework
+            self._hello_dirty.set()
         self._loop, self._loop_since, self._loop_exit = "in-loop", now, None
         self._loop_events.append(("in-loop", now, self._index_now(), None))
-        self._hello_dirty.set()
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -412,7 +417,6 @@ class Probe:
             self._end_segment(self._segment, close=False)
         self._loop, self._loop_since, self._loop_exit = "outside", now, how
         self._loop_events.append(("outside", now, self._index, how))
-        self._hello_dirty.set()
 
     def _index_now(self) -> int:
         """The open (or next) step's index, also while a segment times the loop."""
@@ -818,24 +822,14 @@ class Probe:
             ends += [segment.stamps[2 * segment.taken + 2] / 1e9 for segment, _ in spans]
             b = st.base_for(min(ends))
             base_ns = round(b * 1e9)
-            if not (raws or fixes or phases):
-                # Only C-timed steps: sent as the readings and counts they are.
+            if not (fixes or phases):
+                # The C-timed steps sent as the readings and counts they are; the others
+                # (a pass's first steps) as rows beside them. Turning a drain's runs into
+                # rows when it also held a pass's start cost the publisher ~0.5 us a step
+                # more for loops of short passes (bench/short_passes.py).
                 runs = [segment.run(upto) for segment, upto in spans]
-                return self._drained(st, Batch(b + wall_offset, runs=runs, clock_ns=base_ns))
-            # Host timing: one comprehension over the raw tuples, nothing else per step.
-            # Times are perf_counter readings: durations >= 0, ends >= the first end, so
-            # trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s cost).
-            trunc = math.trunc
-            rows: list[_Wire] = [
-                HostRow(
-                    i,
-                    trunc((tn - b) * _US + 0.5),
-                    trunc((tn - t0) * _US + 0.5),
-                    None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
-                    n,
-                )
-                for i, t0, t1, tn, n, _s, _e in raws
-            ]
+                return self._drained(st, Batch(b + wall_offset, _host_rows(raws, b), runs, base_ns))
+            rows: list[_Wire] = list(_host_rows(raws, b))
             if spans:
                 rows = self._segment_rows(rows, spans, base_ns)
             if fixes:
@@ -957,6 +951,24 @@ class _DrainState:
         if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
             self.base = first_end
         return self.base
+
+
+def _host_rows(raws: list[_Raw], base: float) -> list[HostRow]:
+    """Host-timed steps as wire rows: one comprehension over the raw tuples, nothing else
+    per step. Times are perf_counter readings: durations >= 0, ends >= the first end
+    (``base``), so trunc(x + 0.5) rounds (math.trunc: a third of round()'s or int()'s
+    cost)."""
+    trunc = math.trunc
+    return [
+        HostRow(
+            i,
+            trunc((tn - base) * _US + 0.5),
+            trunc((tn - t0) * _US + 0.5),
+            None if t1 < 0 else trunc((t1 - t0) * _US + 0.5),
+            n,
+        )
+        for i, t0, t1, tn, n, _s, _e in raws
+    ]
 
 
 def _fixed(rows: list[_Wire], fixes: dict[int, int | None]) -> list[_Wire]:

@@ -3,10 +3,12 @@ into ``steps`` messages for the wire (live, and replayed to a late subscriber).
 
 A batch holds its steps as the wire carries them (docs/protocol.md, ``steps``): wire rows
 (integer microseconds after ``base``) or runs (the training thread's clock readings,
-nanoseconds counting from ``clock_ns`` at ``base``, packed), in index order. A drain's
-batch holds one or the other; a message's body, merged from several, may hold both. A
-batch is cut, kept and sent as lists and bytes: nothing here looks at each step (but the
-last few periods).
+nanoseconds counting from ``clock_ns`` at ``base``, packed), each in index order. A drain's
+batch holds runs for the steps the training thread timed in C and rows for the rest (a
+pass's first steps, timed in Python); the two never share an index, so its steps in
+index order are its :func:`parts`. A batch is cut, kept and sent as lists and bytes:
+nothing here looks at each step (but the last few periods, and a row's index where rows
+and runs mix).
 """
 
 from __future__ import annotations
@@ -44,24 +46,31 @@ class Batch:
         return len(self.rows) + sum(len(run.samples) for run in self.runs)
 
     @property
+    def _ends_in_run(self) -> bool:
+        """Whether its last step is a run's (else a row's)."""
+        if not self.runs:
+            return False
+        return not self.rows or _run_last(self.runs[-1]) > self.rows[-1].index
+
+    @property
     def last_index(self) -> int:
-        if self.runs:
-            run = self.runs[-1]
-            return run.first + len(run.samples) - 1
+        if self._ends_in_run:
+            return _run_last(self.runs[-1])
         return self.rows[-1].index
 
     @property
     def last_end(self) -> float:
         """The Unix time its last step ended, rounded as the wire rounds it."""
-        if self.runs:
+        if self._ends_in_run:
             last = last_reading(self.runs[-1].readings)
             return self.base + reading_us(last, self.clock_ns) / MICROS
         return self.base + self.rows[-1].end_us / MICROS
 
     def periods_us(self, at_most: int) -> list[int]:
-        """The periods of its last ``at_most`` steps (or fewer), whole microseconds (for
-        the typical period: a run's are not rounded reading by reading, as the wire's)."""
-        if not self.runs:
+        """The periods of the last ``at_most`` steps (or fewer) of its rows or of its last
+        run, whichever holds its last step, whole microseconds (for the typical period: a
+        run's are not rounded reading by reading, as the wire's)."""
+        if not self._ends_in_run:
             return [row.period_us for row in self.rows[-at_most:]]
         # odd: from a start on
         readings = unpack_readings(self.runs[-1].readings[-(2 * at_most + 1) * READING_BYTES :])
@@ -69,17 +78,54 @@ class Batch:
         return list(map(floordiv, spans, repeat(NS_PER_US)))
 
     def without_first(self, count: int) -> Batch:
-        """The drained batch less its first ``count`` steps (fewer than it holds)."""
-        if not self.runs:
-            return Batch(self.base, self.rows[count:], clock_ns=self.clock_ns)
-        runs = list(self.runs)
-        while count >= len(runs[0].samples):
-            count -= len(runs.pop(0).samples)
-        if count:
-            run = runs[0]
-            readings = run.readings[2 * count * READING_BYTES :]
-            runs[0] = HostRun(run.first + count, readings, run.samples[count:])
-        return Batch(self.base, runs=runs, clock_ns=self.clock_ns)
+        """The drained batch less its first ``count`` steps in index order (fewer than it
+        holds)."""
+        rows: list[HostRow] = []
+        runs: list[HostRun] = []
+        for part in parts(self):
+            if isinstance(part, HostRun):
+                steps = len(part.samples)
+                if count >= steps:
+                    count -= steps
+                    continue
+                if count:
+                    readings = part.readings[2 * count * READING_BYTES :]
+                    part = HostRun(part.first + count, readings, part.samples[count:])
+                    count = 0
+                runs.append(part)
+            else:
+                rows += part[count:]
+                count = max(0, count - len(part))
+        return Batch(self.base, rows, runs, self.clock_ns)
+
+
+def _run_last(run: HostRun) -> int:
+    return run.first + len(run.samples) - 1
+
+
+def parts(batch: Batch) -> Iterator[HostRun | list[HostRow]]:
+    """The batch's steps in index order: its runs, and its rows in lists of those
+    between two runs (rows and runs never share an index: a run holds consecutive
+    steps)."""
+    rows, runs = batch.rows, batch.runs
+    if not runs:
+        if rows:
+            yield rows
+        return
+    if not rows:
+        yield from runs
+        return
+    taken = 0
+    for run in runs:
+        upto = taken
+        while upto < len(rows) and rows[upto].index < run.first:
+            upto += 1
+        if upto > taken:
+            yield rows[taken:upto]
+            taken = upto
+        yield run
+    if taken < len(rows):
+        yield rows[taken:]
 
 
 def trim(history: deque[Batch], kept: int, horizon: float, at_most: int) -> int:
@@ -107,8 +153,8 @@ def trim(history: deque[Batch], kept: int, horizon: float, at_most: int) -> int:
 def messages(batches: Iterable[Batch], per_message: int) -> Iterator[Batch]:
     """``batches`` (in index order) as the bodies of ``steps`` messages: consecutive
     batches of one base merged, at most ``per_message`` steps in each (a run is never
-    cut: one longer than that goes alone), so each message's steps come after the last
-    one's, and a reader's de-duplication by index keeps them all."""
+    cut: one longer than that goes alone), cut in index order, so each message's steps
+    come after the last one's, and a reader's de-duplication by index keeps them all."""
     message = Batch(math.nan)  # NaN equals no base: the first batch starts a message
     steps = 0
     for batch in batches:
@@ -116,21 +162,22 @@ def messages(batches: Iterable[Batch], per_message: int) -> Iterator[Batch]:
             if steps:
                 yield message
             message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
-        for run in batch.runs:
-            if steps and steps + len(run.samples) > per_message:
-                yield message
-                message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
-            message.runs.append(run)
-            steps += len(run.samples)
-        rows = batch.rows
-        taken = 0
-        while taken < len(rows):
-            if steps >= per_message:
-                yield message
-                message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
-            part = rows[taken : taken + per_message - steps]
-            message.rows.extend(part)
-            steps += len(part)
-            taken += len(part)
+        for part in parts(batch):
+            if isinstance(part, HostRun):
+                if steps and steps + len(part.samples) > per_message:
+                    yield message
+                    message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
+                message.runs.append(part)
+                steps += len(part.samples)
+                continue
+            taken = 0
+            while taken < len(part):
+                if steps >= per_message:
+                    yield message
+                    message, steps = Batch(batch.base, clock_ns=batch.clock_ns), 0
+                rows = part[taken : taken + per_message - steps]
+                message.rows.extend(rows)
+                steps += len(rows)
+                taken += len(rows)
     if steps:
         yield message

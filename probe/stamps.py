@@ -112,7 +112,8 @@ class Segment:
     def rows(self, base_ns: int, upto: int) -> list[HostRow]:
         """Wire rows (index, end, period, data wait, samples) of steps ``taken`` to
         ``upto`` (complete ones), ends in microseconds after ``base_ns``; marks them taken.
-        For a drain that sends rows anyway (a pass's Python-timed start, phases).
+        For a drain that sends rows anyway (phases, counts given by ``probe.step``, CUDA
+        events that failed).
 
         Every reading is rounded to a microsecond once and durations are differences of
         rounded readings, as a reader rounds a run's readings (protocol.reading_us).

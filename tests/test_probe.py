@@ -823,6 +823,49 @@ def test_loop_entered_and_left_are_published_with_how(body: str, how: str) -> No
     assert hello["loop_since"] == pytest.approx(loops[1]["time"])
 
 
+def test_short_passes_send_their_loop_changes_not_a_hello_each() -> None:
+    # Viewers apply Loop messages to the hello they hold (tui/state/run.py,
+    # window_hello): a hello a pass cost the publisher ~0.25 ms each, 2-5 a second for
+    # the epochs of a small dataset (bench/short_passes.py). A hello still goes out for
+    # a new loader and every HELLO_EVERY_S (2 s; attached just now).
+    p = tcp_probe("passes", system_interval_s=0)
+    reader = attached(p)
+    reader.pump(0.3)  # the attach's hellos (one may follow the replay)
+    before = len(reader.of_kind("hello"))
+    loader = p.watch(list(range(20)))
+    passes, start = 0, time.monotonic()
+    while time.monotonic() - start < 2.5:
+        for _ in loader:
+            time.sleep(0.001)
+        passes += 1
+    reader.pump(0.4)
+    p.close()
+    reader.close()
+    assert passes >= 40
+    # The first pass's (a loader and a timing method, both new) and the periodic one
+    # (a hello a pass: one each flush, 6-8).
+    assert len(reader.of_kind("hello")) - before <= 2
+    loops = reader.of_kind("loop")
+    assert loops and (loops[-1]["state"], loops[-1]["how"]) == ("outside", "exhausted")
+    assert loops[-1]["step_index"] == 20 * passes
+
+
+def test_each_epochs_new_workers_are_sent_in_a_hello() -> None:
+    p = tcp_probe("epochs", system_interval_s=0)
+    reader = attached(p)
+    loader = DataLoader(SleepyDataset(8, 0.0), batch_size=4, num_workers=1)
+    watched = p.watch(loader)
+    for _ in range(2):  # each epoch starts its worker anew (persistent_workers=False)
+        for _ in watched:
+            pass
+        reader.pump(0.7)
+    p.close()
+    reader.close()
+    pids = [tuple(h["loader"]["worker_pids"]) for h in reader.of_kind("hello") if h["loader"]]
+    epochs = list(dict.fromkeys(pid for pid in pids if pid))
+    assert len(epochs) == 2 and epochs[0] != epochs[1]
+
+
 def test_loop_facts_and_worker_pids_from_the_watch_api() -> None:
     p = tcp_probe("api", system_interval_s=0)
     info = probe.messages.LoaderInfo("torch.DataLoader", num_workers=2, worker_pids=(11, 12))

@@ -262,3 +262,37 @@ def test_a_settled_watch_loop_reaches_the_wire_as_runs_every_step_once() -> None
     assert ends == sorted(ends)
     assert abs(ends[-1] - time.time()) < 5.0  # on the Unix clock, not the probe's own
     assert hello["last_step_end"] == pytest.approx(ends[-1], abs=2e-6)
+
+
+def test_short_passes_reach_the_wire_as_runs_with_each_passs_first_step_a_record() -> None:
+    # 60 passes of 50 steps (the epochs of a small dataset): each pass's first step is
+    # timed in Python, the rest in C. A flush that holds a pass's start sends that step
+    # as a record beside the runs; it used to turn every step of the flush into a record
+    # (~0.5 us a step more for the publisher: bench/short_passes.py).
+    p = tcp_probe("short passes", system_interval_s=0)
+    reader = attached(p)
+    passes, steps = 60, 50
+    loader = p.watch([[0.0] * 8] * steps, samples=8)
+    for _ in range(passes):
+        for _ in loader:
+            time.sleep(0.0002)
+    time.sleep(0.6)
+    reader.pump(1.0)
+    p.close()
+    reader.close()
+    bodies = reader.of_kind("steps")
+    run_steps = [sum(len(r[2]) for r in b.get("runs", [])) for b in bodies]
+    records = [len(b["records"]) - n for b, n in zip(bodies, run_steps, strict=True)]
+    in_runs = {r[0] + j for b in bodies for r in b.get("runs", []) for j in range(len(r[2]))}
+    as_records = {int(r["index"]) for b in bodies for r in b["records"]} - in_runs
+    # The first step of each pass; in the first pass, the first 4 (the probe looks for
+    # CUDA timing at its first 3 steps: probe.core.Probe._check_timing).
+    assert as_records == {0, 1, 2, 3} | set(range(0, passes * steps, steps))
+    assert sum(records) == len(as_records)
+    assert sum(run_steps) == passes * steps - len(as_records)
+    assert any(r and n for r, n in zip(records, run_steps, strict=True))  # both in one
+    indices = [[int(r["index"]) for r in b["records"]] for b in bodies]
+    assert [i for message in indices for i in message] == list(range(passes * steps))
+    ends = [float(r["end_time"]) for b in bodies for r in b["records"]]
+    assert ends == sorted(ends)
+    assert {r["samples"] for b in bodies for r in b["records"]} == {8}

@@ -70,13 +70,13 @@ def run(first: int, ends_us: list[int], count: int | None = 32) -> HostRun:
         ([(0.0, [1.0]), (10.0, [1.0, 2.0, 3.0])], 0.0, 2, [2]),  # a whole batch and more
     ],
 )
-@pytest.mark.parametrize("as_runs", [False, True])
+@pytest.mark.parametrize("held_as", ["rows", "runs", "mixed"])
 def test_history_trims_by_age_then_by_count(
     batches: list[tuple[float, list[float]]],
     horizon: float,
     max_rows: int,
     left: list[int],
-    as_runs: bool,
+    held_as: str,
 ) -> None:
     history: deque[Batch] = deque()
     index = 0
@@ -84,11 +84,11 @@ def test_history_trims_by_age_then_by_count(
     for base, ends in batches:
         ends_us = [round(end * US) for end in ends]
         end_of.update(enumerate(ends_us, start=index))
-        if as_runs:  # the first step a run of its own: a trim may drop runs and cut one
-            runs = [run(index, ends_us[:1])]
-            if len(ends_us) > 1:
-                runs.append(run(index + 1, ends_us[1:]))
-            history.append(Batch(base, runs=runs))
+        rest = [run(index + 1, ends_us[1:])] if len(ends_us) > 1 else []
+        if held_as == "runs":  # the first step a run of its own: a trim may drop runs and cut one
+            history.append(Batch(base, runs=[run(index, ends_us[:1]), *rest]))
+        elif held_as == "mixed":  # a pass's first step as a row, the rest as a run (a drain)
+            history.append(Batch(base, [row(index, ends_us[0])], rest))
         else:
             history.append(Batch(base, [row(index + i, end) for i, end in enumerate(ends_us)]))
         index += len(ends)
@@ -97,7 +97,8 @@ def test_history_trims_by_age_then_by_count(
     assert kept == sum(left)
     if history:  # the newest steps stay, the oldest go
         assert history[-1].last_index == index - 1
-        first = history[0].runs[0].first if as_runs else history[0].rows[0].index
+        assert history[-1].last_end == history[-1].base + end_of[index - 1] / US
+        first = min([r.first for r in history[0].runs] + [r.index for r in history[0].rows])
         assert first == index - kept
     for kept_run in (r for batch in history for r in batch.runs):  # cut: still whole steps
         readings = unpack_readings(kept_run.readings)
@@ -130,6 +131,66 @@ def test_replay_messages_hold_at_most_so_many_steps_each_after_the_last() -> Non
     ]
     assert indices == [[0, 1], [2, 3, 4], [5, 6, 7], [8]]
     assert all(m.steps <= 3 for m in out)
+
+
+def _indices(batch: Batch) -> list[int]:
+    """Its steps' indices in the order a message cut from it carries them."""
+    return [r.index for r in batch.rows] + [
+        s.first + i for s in batch.runs for i in range(len(s.samples))
+    ]
+
+
+# Two short passes in one drain: each pass's first step timed in Python (a row), the
+# rest in C (a run); rows 0 and 4, runs 1-3 and 5-6.
+MIXED = Batch(5.0, [row(0, 0), row(4, 40)], [run(1, [10, 20, 30]), run(5, [50, 60])])
+
+
+@pytest.mark.parametrize(
+    ("per_message", "expected"),
+    [
+        (2000, [[0, 1, 2, 3, 4, 5, 6]]),
+        (4, [[0, 1, 2, 3], [4, 5, 6]]),
+        (3, [[0], [1, 2, 3], [4, 5, 6]]),  # a run is never cut: it goes alone
+        (1, [[0], [1, 2, 3], [4], [5, 6]]),
+    ],
+)
+def test_a_drain_of_rows_and_runs_is_cut_into_messages_in_index_order(
+    per_message: int, expected: list[list[int]]
+) -> None:
+    # The viewer keeps only steps newer than the newest it holds: a message of later
+    # steps sent before an earlier row would lose that row.
+    out = list(messages([MIXED], per_message))
+    assert [sorted(_indices(m)) for m in out] == expected
+    flat = [i for m in out for i in sorted(_indices(m))]
+    assert flat == sorted(flat)
+
+
+@pytest.mark.parametrize(
+    ("count", "indices"),
+    [
+        (0, [0, 1, 2, 3, 4, 5, 6]),
+        (1, [1, 2, 3, 4, 5, 6]),
+        (2, [2, 3, 4, 5, 6]),
+        (4, [4, 5, 6]),
+        (5, [5, 6]),
+        (6, [6]),
+    ],
+)
+def test_a_mixed_batch_loses_its_oldest_steps_first(count: int, indices: list[int]) -> None:
+    cut = MIXED.without_first(count)
+    assert sorted(_indices(cut)) == indices
+    assert cut.steps == len(indices)
+    assert cut.last_index == 6
+    assert cut.last_end == MIXED.last_end == 5.0 + 60 / US
+
+
+def test_a_mixed_batch_ends_with_whichever_holds_its_last_step() -> None:
+    ends_in_row = Batch(5.0, [row(0, 0), row(4, 40)], [run(1, [10, 20, 30])])
+    assert (ends_in_row.last_index, ends_in_row.last_end) == (4, 5.0 + 40 / US)
+    # The typical period is the median of the last few: those of its rows, or of its
+    # last run (the second of run(5, [50, 60]) is 10 us), whichever ends it.
+    assert ends_in_row.periods_us(30) == [1_000, 1_000]
+    assert (MIXED.last_index, MIXED.periods_us(30)) == (6, [1_000, 10])
 
 
 def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
