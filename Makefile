@@ -36,6 +36,7 @@ bench: $(STAMP)  ## print the probe, sampler and viewer cost figures
 	$(BIN)/python bench/probe_window.py
 	$(BIN)/python bench/sampler_cost.py
 	$(BIN)/python bench/publisher_gil.py
+	$(BIN)/python bench/short_passes.py
 	$(BIN)/python bench/accel_cost.py
 	$(BIN)/python bench/wire_size.py
 	$(BIN)/python bench/viewer_ingest.py
