@@ -218,3 +218,6 @@ class SystemSample:
     data_device: Str | None = None  # block device holding the dataset path, if known
     data_fs_type: Str | None = None  # filesystem type of the dataset path ("nfs4", "ext4")
     top: Seq[TopProcess] | None = None  # the busiest processes; None: not sampled
+    # When ``top`` was read (Unix seconds): a walk of /proc is spaced by its cost, so on a
+    # node of many processes the table repeated in later samples is older than they are.
+    top_time: Time | None = None

@@ -62,7 +62,7 @@ from gputop_dl.tui.widgets.header import STATE_GLYPHS, HeaderBar
 from gputop_dl.tui.widgets.help import HelpScreen
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
-from gputop_dl.tui.widgets.processes import role_of
+from gputop_dl.tui.widgets.processes import role_of, table_title
 from gputop_dl.tui.widgets.status import StatusLine
 from gputop_dl.tui.widgets.throughput import ThroughputGraph
 
@@ -520,6 +520,41 @@ async def test_the_process_table_marks_the_training_and_names_the_others() -> No
         await pilot.press("t")
         await pilot.pause()
         assert not app.top_table.display
+
+
+@pytest.mark.parametrize(
+    ("age_s", "says"),
+    [
+        (None, "last interval"),  # no time given (a sampler before 2026-11-27)
+        (0.0, "last interval"),  # read in this sample
+        (4.0, "last interval"),  # the usual spacing: every 5 samples
+        (6.0, "read 6.0s ago"),
+        (200.0, "read 3m20s ago"),  # a node of thousands of processes
+        (-30.0, "last interval"),  # a table "read" after its sample: not said
+        (float("nan"), "last interval"),
+    ],
+)
+def test_the_process_tables_title_says_when_an_old_table_was_read(
+    age_s: float | None, says: str
+) -> None:
+    assert table_title(age_s).endswith(says)
+
+
+async def test_a_process_table_read_long_before_its_sample_says_so_on_screen() -> None:
+    events = live_run(NOW)
+    last = max(
+        (e for e in events if isinstance(e, Received) and isinstance(e.message, System)),
+        key=lambda e: e.received,
+    )
+    assert isinstance(last.message, System)
+    sample = last.message.sample
+    old = replace(sample, time=sample.time + 1.0, top_time=sample.time - 95.0)
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot, source, events)
+        assert str(app.top_table.border_title).endswith("last interval")
+        await feed(pilot, source, [Received(System(SOURCE_ID, old), last.received + 1.0)])
+        assert str(app.top_table.border_title).endswith("read 1m36s ago")
 
 
 async def test_compact_panels_keep_one_line_a_device() -> None:

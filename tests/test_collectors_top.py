@@ -169,9 +169,15 @@ class SlowWalk:
 def test_a_costly_walk_of_proc_runs_less_often_and_its_table_is_repeated_between() -> None:
     sampler = NodeSampler(main_pid=None, interval_s=1.0, host=True, accelerators=False)
     slow = sampler._top = SlowWalk(0.012)  # just over 12 ms a walk: one in 13 samples at 1 s
-    tables = [sampler.sample().top for _ in range(30)]
+    samples = [sampler.sample() for _ in range(30)]
     assert slow.walks == 3  # samples 1, 14 and 27 (1, 13 and 25 if it took 12 ms exactly)
-    assert all(t is not None and t[0].name == "init" for t in tables)
+    assert all(s.top is not None and s.top[0].name == "init" for s in samples)
+    # Each sample says when its table was read: at the sample that walked, repeated after.
+    walked = [i for i, s in enumerate(samples) if s.top_time == s.time]
+    assert len(walked) == 3 and walked[0] == 0
+    for i, s in enumerate(samples):
+        last_walk = max(w for w in walked if w <= i)
+        assert s.top_time == samples[last_walk].time
     cheap = sampler._top = SlowWalk(0.0)
     sampler.pace(0.5)  # a faster pace (a viewer attached): a walk at once, then every 5
     for _ in range(11):

@@ -335,6 +335,9 @@ class GputopApp(App[None]):
                 self.state.training_processes(),
                 run.pid if run is not None else None,
                 frozenset(r.pid for r in self.state.runs if r.pid is not None),
+                None
+                if system is None or system.top_time is None
+                else system.time - system.top_time,
             )
 
     def _fit_panels(self) -> None:

@@ -86,6 +86,7 @@ class NodeSampler:
 
             self._top = TopCollector()
         self._top_last: Any = None
+        self._top_time: float | None = None  # the sample time of the walk it came from
         self._top_countdown = 0
         self._proc_collector = (
             ProcessCollector(main_pid, exclude=self._tool_pids, worker_pids=worker_pids)
@@ -189,10 +190,10 @@ class NodeSampler:
         if self._top is not None:
             if self._top_countdown <= 0:
                 cpu = time.thread_time()
-                self._top_last = self._top.sample()
+                self._top_last, self._top_time = self._top.sample(), now
                 self._top_countdown = samples_between_walks(time.thread_time() - cpu, self._pace)
             self._top_countdown -= 1
-            fields["top"] = self._top_last
+            fields["top"], fields["top_time"] = self._top_last, self._top_time
         if self._nvml is not None:
             gpus, status = self._nvml.sample()
             fields["gpus"] = self._own(gpus)

@@ -12,11 +12,14 @@ from collections.abc import Collection, Mapping
 from rich.text import Text
 
 from gputop_dl.probe.samples import TopProcess, TrainingProcesses
-from gputop_dl.tui.format import fmt_bytes, fmt_pct
+from gputop_dl.tui.format import fmt_age, fmt_bytes, fmt_pct
 from gputop_dl.tui.widgets.base import Panel
 
 SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full table)
 ROLE_WIDTH = 11  # "◆ training "
+# The node sampler reads the table at least every 5 samples, more seldom where walking
+# /proc is dear (thousands of processes): older than this, the title says when it was read.
+AGE_SHOWN_S = 6.0
 
 
 # A training process's role as its node sampler reports it (ProcessSample.role), as marked
@@ -46,6 +49,14 @@ def role_of(
     return ""
 
 
+def table_title(age_s: float | None) -> str:
+    """The table's title: what its CPU figures cover, and its age once that is more than
+    the sampler's usual spacing."""
+    if age_s is None or not age_s >= AGE_SHOWN_S:  # NaN: not said
+        return "Top processes · CPU % of one core, last interval"
+    return f"Top processes · CPU % of one core · read {fmt_age(age_s)}"
+
+
 class ProcessTable(Panel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -61,12 +72,14 @@ class ProcessTable(Panel):
         training: TrainingProcesses | None,
         own_pid: int | None,
         run_pids: frozenset[int] = frozenset(),
+        age_s: float | None = None,
     ) -> None:
+        """``age_s``: how much older the table is than the sample that carried it."""
+        self.set_border_title(table_title(age_s))
         if self.unchanged(top, training, own_pid, run_pids):
             return
         self.top, self.own_pid, self.run_pids = top, own_pid, run_pids
         self.roles = {p.pid: p.role for p in (training.processes if training else ())}
-        self.set_border_title("Top processes · CPU % of one core, last interval")
         self.changed()
 
     def layout_key(self) -> bool:
