@@ -791,7 +791,9 @@ class Probe:
 
     def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> Batch | None:
         """Turn what the training thread queued into wire steps (publisher thread): the
-        C-timed steps as runs when nothing else came, else everything as rows."""
+        C-timed steps as runs and the Python-timed ones (a pass's first) as rows beside
+        them; everything as rows when phases, counts given by ``probe.step`` or CUDA
+        events came."""
         # Only steps below this index are taken: all of them are queued by now (a step is
         # stored before the index passes it). Without it, a pass's first step queued as
         # rows are popped, and the segment after it read next, went out after later steps,

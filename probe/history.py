@@ -67,15 +67,26 @@ class Batch:
         return self.base + self.rows[-1].end_us / MICROS
 
     def periods_us(self, at_most: int) -> list[int]:
-        """The periods of the last ``at_most`` steps (or fewer) of its rows or of its last
-        run, whichever holds its last step, whole microseconds (for the typical period: a
-        run's are not rounded reading by reading, as the wire's)."""
-        if not self._ends_in_run:
-            return [row.period_us for row in self.rows[-at_most:]]
-        # odd: from a start on
-        readings = unpack_readings(self.runs[-1].readings[-(2 * at_most + 1) * READING_BYTES :])
-        spans = map(sub, readings[2::2], readings[0:-1:2])
-        return list(map(floordiv, spans, repeat(NS_PER_US)))
+        """The periods of its last ``at_most`` steps (or fewer) in index order, whole
+        microseconds (for the typical period: a run's are not rounded reading by reading,
+        as the wire's). Rows and runs alike: a short pass's first step, a row, is slower
+        than the rest."""
+        tail: list[list[int]] = []
+        left = at_most
+        for part in reversed(list(parts(self))):
+            if left <= 0:
+                break
+            if isinstance(part, HostRun):
+                # odd: from a start on
+                packed = part.readings[-(2 * left + 1) * READING_BYTES :]
+                readings = unpack_readings(packed)
+                spans = map(sub, readings[2::2], readings[0:-1:2])
+                periods = list(map(floordiv, spans, repeat(NS_PER_US)))
+            else:
+                periods = [row.period_us for row in part[-left:]]
+            tail.append(periods)
+            left -= len(periods)
+        return [period for periods in reversed(tail) for period in periods]
 
     def without_first(self, count: int) -> Batch:
         """The drained batch less its first ``count`` steps in index order (fewer than it

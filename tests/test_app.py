@@ -523,21 +523,26 @@ async def test_the_process_table_marks_the_training_and_names_the_others() -> No
 
 
 @pytest.mark.parametrize(
-    ("age_s", "says"),
+    ("age_s", "interval_s", "says"),
     [
-        (None, "last interval"),  # no time given (a sampler before 2026-11-27)
-        (0.0, "last interval"),  # read in this sample
-        (4.0, "last interval"),  # the usual spacing: every 5 samples
-        (6.0, "read 6.0s ago"),
-        (200.0, "read 3m20s ago"),  # a node of thousands of processes
-        (-30.0, "last interval"),  # a table "read" after its sample: not said
-        (float("nan"), "last interval"),
+        (None, 1.0, "last interval"),  # no time given (a sampler before 2026-11-27)
+        (0.0, 1.0, "last interval"),  # read in this sample
+        (4.0, 1.0, "last interval"),  # the usual spacing: every 5 samples
+        (6.0, 1.0, "read 6.0s ago"),
+        (6.0, None, "read 6.0s ago"),
+        (200.0, 1.0, "read 3m20s ago"),  # a node of thousands of processes
+        (8.0, 2.0, "last interval"),  # `gputop agent --interval 2`: every 10 s as usual
+        (12.0, 2.0, "read 12s ago"),
+        (6.0, 0.1, "read 6.0s ago"),  # a fast sampler: 6 s is old all the same
+        (12.0, float("inf"), "read 12s ago"),
+        (-30.0, 1.0, "last interval"),  # a table "read" after its sample: not said
+        (float("nan"), 1.0, "last interval"),
     ],
 )
 def test_the_process_tables_title_says_when_an_old_table_was_read(
-    age_s: float | None, says: str
+    age_s: float | None, interval_s: float | None, says: str
 ) -> None:
-    assert table_title(age_s).endswith(says)
+    assert table_title(age_s, interval_s).endswith(says)
 
 
 async def test_a_process_table_read_long_before_its_sample_says_so_on_screen() -> None:

@@ -29,7 +29,7 @@ import gputop_dl.tui.state.run as run_module
 import gputop_dl.tui.state.viewer as viewer_module
 from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps, System
 from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR, decode, encode
-from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample
+from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample, TopProcess
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
 from gputop_dl.tui.events import BadInput, EndpointState, Received
@@ -807,6 +807,16 @@ def test_hostile_sample_sizes_are_clamped_and_strings_cleaned() -> None:
     assert len(cleaned.disks) <= 64 and all(d.device.isprintable() for d in cleaned.disks)
     assert cleaned.host.isprintable()
     assert clean_sample(sample, T0) is sample  # a sane sample is not copied
+    # Any user on the node names their processes: `prctl(PR_SET_NAME)` takes 15 bytes.
+    top = (TopProcess(7, 1, "\x1b[2J\x1b[H", 99.0, 1), TopProcess(8, 1, "\x1b]0;pwned\x07", 1.0, 1))
+    cleaned = clean_sample(evolve(sample, top=top * 200), T0)
+    assert cleaned is not None and cleaned.top is not None
+    assert [p.name for p in cleaned.top[:2]] == ["[2J[H", "]0;pwned"]
+    assert len(cleaned.top) == 256
+    # When the table was read: from the viewer's day, and not after its sample.
+    for top_time, kept in ((T0 - 300.0, True), (1.0, False), (T0 + 5.0, False), (T0, True)):
+        cleaned = clean_sample(evolve(sample, top_time=top_time), T0)
+        assert cleaned is not None and (cleaned.top_time == top_time) == kept
     assert clean_sample(evolve(sample, time=1e308), T0) is None
     assert clean_sample(evolve(sample, interval_s=-1.0), T0) is None
 

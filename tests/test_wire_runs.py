@@ -296,3 +296,27 @@ def test_short_passes_reach_the_wire_as_runs_with_each_passs_first_step_a_record
     ends = [float(r["end_time"]) for b in bodies for r in b["records"]]
     assert ends == sorted(ends)
     assert {r["samples"] for b in bodies for r in b["records"]} == {8}
+
+
+def test_the_typical_period_of_short_passes_is_their_steps_not_their_first_steps() -> None:
+    # Passes of 3 steps: the first 1 ms (timed in Python: a record), the other two 20 ms
+    # (C-timed: a run); the median period is 20 ms. A flush during a pass's second step
+    # ends with that pass's first step: the typical period was taken from the records
+    # alone there (~1 ms, so a stall's threshold 20x too short), and from the last run's
+    # one complete step otherwise.
+    p = tcp_probe("typical", system_interval_s=0)
+    reader = attached(p)
+    loader = p.watch(list(range(3)), samples=1)
+    end = time.monotonic() + 2.5
+    while time.monotonic() < end:
+        for i in loader:
+            time.sleep(0.001 if i == 0 else 0.02)
+    reader.pump(0.8)  # flushed
+    late = attached(p)  # its hello carries the typical period
+    p.close()
+    reader.close()
+    late.close()
+    periods = [float(r["period_s"]) for r in reader.steps()]
+    assert 0.02 <= statistics.median(periods) < 0.04
+    typical = late.of_kind("hello")[0]["typical_period_s"]
+    assert typical == pytest.approx(statistics.median(periods), rel=0.3)

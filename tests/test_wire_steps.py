@@ -8,12 +8,15 @@ from collections import deque
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputop_dl.probe import core
 from gputop_dl.probe.core import _DrainState
-from gputop_dl.probe.history import Batch, messages, trim
+from gputop_dl.probe.history import Batch, messages, parts, trim
 from gputop_dl.probe.messages import Steps
 from gputop_dl.probe.protocol import (
+    HostRow,
     HostRun,
     WireRow,
     decode,
@@ -184,13 +187,17 @@ def test_a_mixed_batch_loses_its_oldest_steps_first(count: int, indices: list[in
     assert cut.last_end == MIXED.last_end == 5.0 + 60 / US
 
 
-def test_a_mixed_batch_ends_with_whichever_holds_its_last_step() -> None:
+def test_a_mixed_batch_ends_with_whichever_holds_its_last_step_and_tells_its_periods() -> None:
     ends_in_row = Batch(5.0, [row(0, 0), row(4, 40)], [run(1, [10, 20, 30])])
     assert (ends_in_row.last_index, ends_in_row.last_end) == (4, 5.0 + 40 / US)
-    # The typical period is the median of the last few: those of its rows, or of its
-    # last run (the second of run(5, [50, 60]) is 10 us), whichever ends it.
-    assert ends_in_row.periods_us(30) == [1_000, 1_000]
-    assert (MIXED.last_index, MIXED.periods_us(30)) == (6, [1_000, 10])
+    # The typical period is the median of the last few steps in index order, rows and
+    # runs alike (a run's first period here is 1,000 us, the others 10): the periods of
+    # the part that ends it alone were mostly each short pass's slow first step.
+    assert ends_in_row.periods_us(30) == [1_000, 1_000, 10, 10, 1_000]
+    assert MIXED.last_index == 6
+    assert MIXED.periods_us(30) == [1_000, 1_000, 10, 10, 1_000, 1_000, 10]
+    assert MIXED.periods_us(3) == [1_000, 1_000, 10]
+    assert MIXED.periods_us(1) == [10]
 
 
 def test_the_publishers_records_are_at_most_40_bytes_and_decode_to_seconds(
@@ -252,3 +259,103 @@ def test_replayed_records_are_identical_to_the_originals() -> None:
 )
 def test_a_batch_tells_its_last_periods(batch: Batch, at_most: int, periods: list[int]) -> None:
     assert batch.periods_us(at_most) == periods
+
+
+# Property checks of the history against a flat list of step indices (from a review of
+# the change that let a drain hold rows and runs): batches of rows and runs in any
+# order, with gaps in the indices, of one base or two.
+def _flat_row(index: int) -> HostRow:
+    return HostRow(index, index * 10 + 5, 7, None, 1)
+
+
+def _flat_run(first: int, steps: int) -> HostRun:
+    readings = []
+    for k in range(steps):
+        readings += [(first + k) * 10_000, (first + k) * 10_000 + 1_000]
+    readings.append((first + steps) * 10_000)
+    return HostRun(first, pack_readings(readings), [1] * steps)
+
+
+def _in_order(batch: Batch) -> list[int]:
+    out: list[int] = []
+    for part in parts(batch):
+        if isinstance(part, HostRun):
+            out += range(part.first, part.first + len(part.samples))
+        else:
+            out += [r.index for r in part]
+    return out
+
+
+_PIECES = st.lists(
+    st.tuples(st.sampled_from(["row", "run"]), st.integers(1, 6), st.integers(0, 2)),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _batches(
+    specs: list[list[tuple[str, int, int]]], bases: list[float]
+) -> tuple[list[Batch], list[int]]:
+    batches, flat, index = [], [], 0
+    for spec, base in zip(specs, bases, strict=True):
+        rows: list[HostRow] = []
+        runs: list[HostRun] = []
+        for kind, steps, gap in spec:
+            index += gap
+            if kind == "row":
+                rows += [_flat_row(index + k) for k in range(steps)]
+            else:
+                runs.append(_flat_run(index, steps))
+            flat += range(index, index + steps)
+            index += steps
+        batches.append(Batch(base, rows, runs, 0))
+    return batches, flat
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, min_size=1, max_size=5), st.data(), st.integers(1, 12))
+def test_messages_cut_any_batches_in_index_order_losing_nothing(
+    specs: list[list[tuple[str, int, int]]], data: st.DataObject, per_message: int
+) -> None:
+    bases = data.draw(
+        st.lists(st.sampled_from([1.0, 2.0]), min_size=len(specs), max_size=len(specs))
+    )
+    batches, flat = _batches(specs, bases)
+    got: list[int] = []
+    for message in messages(batches, per_message):
+        indices = _in_order(message)
+        assert indices == sorted(set(indices))
+        assert not got or indices[0] > got[-1]  # each message after the last one
+        assert message.steps <= per_message or (len(message.runs) == 1 and not message.rows)
+        got += indices
+    assert got == flat
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PIECES, st.data())
+def test_a_batch_less_its_first_steps_keeps_the_rest_whole(
+    spec: list[tuple[str, int, int]], data: st.DataObject
+) -> None:
+    (batch,), flat = _batches([spec], [1.0])
+    count = data.draw(st.integers(0, len(flat) - 1))
+    cut = batch.without_first(count)
+    assert _in_order(cut) == flat[count:]
+    assert cut.steps == len(flat) - count
+    assert (cut.last_index, cut.last_end) == (batch.last_index, batch.last_end)
+    for run_ in cut.runs:
+        readings = unpack_readings(run_.readings)
+        assert len(readings) == 2 * len(run_.samples) + 1
+        assert readings[0] == run_.first * 10_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, min_size=1, max_size=5), st.integers(1, 30))
+def test_a_trimmed_history_keeps_exactly_the_newest_steps(
+    specs: list[list[tuple[str, int, int]]], at_most: int
+) -> None:
+    batches, flat = _batches(specs, [1.0] * len(specs))
+    history = deque(batches)
+    kept = trim(history, len(flat), -1e18, at_most)
+    got = [i for batch in history for i in _in_order(batch)]
+    assert kept == len(got) == min(at_most, len(flat))
+    assert got == flat[len(flat) - kept :]

@@ -338,6 +338,7 @@ class GputopApp(App[None]):
                 None
                 if system is None or system.top_time is None
                 else system.time - system.top_time,
+                system.interval_s if system is not None else None,
             )
 
     def _fit_panels(self) -> None:

@@ -207,6 +207,14 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         kept = _clean_named(processes.processes, "name", MAX_PROCESSES)
         if kept is not processes.processes:
             changes["processes"] = evolve(processes, processes=kept)
+    if sample.top:  # any user's processes: a name may be set to an escape sequence
+        top = _clean_named(sample.top, "name", MAX_PROCESSES)
+        if top is not sample.top:
+            changes["top"] = top
+    if sample.top_time is not None and not (
+        check_time(sample.top_time, received) and sample.top_time <= sample.time
+    ):
+        changes["top_time"] = None  # not known: the title then claims no age
     for name in ("data_device", "data_fs_type"):
         value = getattr(sample, name)
         if value is not None and clean_text(value) != value:

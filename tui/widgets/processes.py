@@ -11,14 +11,16 @@ from collections.abc import Collection, Mapping
 
 from rich.text import Text
 
+from gputop_dl.probe.collectors.sampler import TOP_EVERY
 from gputop_dl.probe.samples import TopProcess, TrainingProcesses
 from gputop_dl.tui.format import fmt_age, fmt_bytes, fmt_pct
 from gputop_dl.tui.widgets.base import Panel
 
 SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full table)
 ROLE_WIDTH = 11  # "◆ training "
-# The node sampler reads the table at least every 5 samples, more seldom where walking
-# /proc is dear (thousands of processes): older than this, the title says when it was read.
+# The node sampler reads the table every TOP_EVERY samples, more seldom where walking
+# /proc is dear (thousands of processes): older than that spacing, or than this, the
+# title says when it was read.
 AGE_SHOWN_S = 6.0
 
 
@@ -49,10 +51,14 @@ def role_of(
     return ""
 
 
-def table_title(age_s: float | None) -> str:
-    """The table's title: what its CPU figures cover, and its age once that is more than
-    the sampler's usual spacing."""
-    if age_s is None or not age_s >= AGE_SHOWN_S:  # NaN: not said
+def table_title(age_s: float | None, interval_s: float | None = None) -> str:
+    """The table's title: what its CPU figures cover, and its age (``age_s``: how much
+    older it is than its sample, taken every ``interval_s``) once that is more than the
+    sampler's usual spacing."""
+    usual = AGE_SHOWN_S
+    if interval_s is not None and 0.0 < interval_s < float("inf"):
+        usual = max(usual, (TOP_EVERY + 0.5) * interval_s)
+    if age_s is None or not age_s >= usual:  # NaN: not said
         return "Top processes · CPU % of one core, last interval"
     return f"Top processes · CPU % of one core · read {fmt_age(age_s)}"
 
@@ -73,9 +79,11 @@ class ProcessTable(Panel):
         own_pid: int | None,
         run_pids: frozenset[int] = frozenset(),
         age_s: float | None = None,
+        interval_s: float | None = None,
     ) -> None:
-        """``age_s``: how much older the table is than the sample that carried it."""
-        self.set_border_title(table_title(age_s))
+        """``age_s``: how much older the table is than the sample that carried it, taken
+        ``interval_s`` after the one before."""
+        self.set_border_title(table_title(age_s, interval_s))
         if self.unchanged(top, training, own_pid, run_pids):
             return
         self.top, self.own_pid, self.run_pids = top, own_pid, run_pids
