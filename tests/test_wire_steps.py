@@ -16,7 +16,6 @@ from gputop_dl.probe.core import _DrainState
 from gputop_dl.probe.history import Batch, messages, parts, trim
 from gputop_dl.probe.messages import Steps
 from gputop_dl.probe.protocol import (
-    HostRow,
     HostRun,
     WireRow,
     decode,
@@ -264,10 +263,6 @@ def test_a_batch_tells_its_last_periods(batch: Batch, at_most: int, periods: lis
 # Property checks of the history against a flat list of step indices (from a review of
 # the change that let a drain hold rows and runs): batches of rows and runs in any
 # order, with gaps in the indices, of one base or two.
-def _flat_row(index: int) -> HostRow:
-    return HostRow(index, index * 10 + 5, 7, None, 1)
-
-
 def _flat_run(first: int, steps: int) -> HostRun:
     readings = []
     for k in range(steps):
@@ -298,12 +293,12 @@ def _batches(
 ) -> tuple[list[Batch], list[int]]:
     batches, flat, index = [], [], 0
     for spec, base in zip(specs, bases, strict=True):
-        rows: list[HostRow] = []
+        rows: list[WireRow] = []
         runs: list[HostRun] = []
         for kind, steps, gap in spec:
             index += gap
             if kind == "row":
-                rows += [_flat_row(index + k) for k in range(steps)]
+                rows += [row(index + k, (index + k) * 10 + 5) for k in range(steps)]
             else:
                 runs.append(_flat_run(index, steps))
             flat += range(index, index + steps)

@@ -331,14 +331,10 @@ class GputopApp(App[None]):
         if shown:
             run = self.state.selected
             self.top_table.show(
-                system.top if system else None,
+                system,
                 self.state.training_processes(),
                 run.pid if run is not None else None,
                 frozenset(r.pid for r in self.state.runs if r.pid is not None),
-                None
-                if system is None or system.top_time is None
-                else system.time - system.top_time,
-                system.interval_s if system is not None else None,
             )
 
     def _fit_panels(self) -> None:

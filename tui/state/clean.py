@@ -195,6 +195,7 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         ("disks", "device", MAX_LIST),
         ("nets", "interface", MAX_LIST),
         ("statuses", "message", MAX_LIST),
+        ("top", "name", MAX_PROCESSES),  # any user's processes: a name may be an escape
     ):
         items = getattr(sample, name)
         if not items:
@@ -207,10 +208,6 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         kept = _clean_named(processes.processes, "name", MAX_PROCESSES)
         if kept is not processes.processes:
             changes["processes"] = evolve(processes, processes=kept)
-    if sample.top:  # any user's processes: a name may be set to an escape sequence
-        top = _clean_named(sample.top, "name", MAX_PROCESSES)
-        if top is not sample.top:
-            changes["top"] = top
     if sample.top_time is not None and not (
         check_time(sample.top_time, received) and sample.top_time <= sample.time
     ):

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from rich.text import Text
 
 from gputop_dl.probe.collectors.sampler import TOP_EVERY
-from gputop_dl.probe.samples import TopProcess, TrainingProcesses
+from gputop_dl.probe.samples import SystemSample, TopProcess, TrainingProcesses
 from gputop_dl.tui.format import fmt_age, fmt_bytes, fmt_pct
 from gputop_dl.tui.widgets.base import Panel
 
@@ -74,16 +74,16 @@ class ProcessTable(Panel):
 
     def show(
         self,
-        top: tuple[TopProcess, ...] | None,
+        system: SystemSample | None,
         training: TrainingProcesses | None,
         own_pid: int | None,
         run_pids: frozenset[int] = frozenset(),
-        age_s: float | None = None,
-        interval_s: float | None = None,
     ) -> None:
-        """``age_s``: how much older the table is than the sample that carried it, taken
-        ``interval_s`` after the one before."""
-        self.set_border_title(table_title(age_s, interval_s))
+        """The table ``system`` carries, titled with its age when it is old."""
+        top = system.top if system is not None else None
+        read = system.top_time if system is not None else None
+        age = None if system is None or read is None else system.time - read
+        self.set_border_title(table_title(age, system.interval_s if system else None))
         if self.unchanged(top, training, own_pid, run_pids):
             return
         self.top, self.own_pid, self.run_pids = top, own_pid, run_pids
