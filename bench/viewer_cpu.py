@@ -32,7 +32,7 @@ from pathlib import Path
 MEASURE_S = float(os.environ.get("GPUTOP_BENCH_SECONDS", "30"))
 REPEATS = int(os.environ.get("GPUTOP_BENCH_REPEATS", "3"))
 HISTORY = os.environ.get("GPUTOP_BENCH_HISTORY", "1") != "0"
-# Extra viewer arguments, e.g. "--refresh 1" to compare at btop's and glances' rate.
+# Extra viewer arguments, e.g. "--refresh 2" (the default is 1 Hz, btop's and glances' rate here).
 VIEWER_ARGS = os.environ.get("GPUTOP_BENCH_VIEWER_ARGS", "")
 # GPUTOP_BENCH_COMPARE=0 measures the viewer only (interleaved before/after runs of it).
 COMPARE = os.environ.get("GPUTOP_BENCH_COMPARE", "1") != "0"

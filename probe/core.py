@@ -57,10 +57,11 @@ MAX_BUFFERED_STEPS = 50_000
 # weighs ~0.4 KB and 24 bytes a step, and a pass of one batch makes one with no step.
 MAX_SEGMENTS = 4_096
 # While steps come the publisher sends them every FLUSH_S: a step reaches a viewer within
-# ~0.2 s. From BATCH_STEPS_PER_S on, every BATCH_FLUSH_S instead (the viewer's default
-# refresh period): each message then carries 2.5x the steps, and a viewer pays ~20 us
-# per message whatever its size (the publisher, a wake-up), while a step of 10 ms or less
-# is no later on screen by more than a fraction of a refresh. See flush_period().
+# ~0.2 s. From BATCH_STEPS_PER_S on, every BATCH_FLUSH_S instead (half the viewer's
+# default refresh period): each message then carries 2.5x the steps, and a viewer pays
+# ~20 us per message whatever its size (the publisher, a wake-up), while a step of 10 ms
+# or less is no later on screen by more than a fraction of a refresh. Not longer: fewer,
+# larger drains cost the training loop more (docs/measurements.md). See flush_period().
 FLUSH_S = 0.2
 BATCH_FLUSH_S = 0.5
 BATCH_STEPS_PER_S = 100.0

@@ -170,17 +170,11 @@ class Publisher:
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
         self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
-        # Waking the publisher thread early (close) without a shared Event and a timeout.
-        self._wake_addr = f"inproc://gputop-wake-{id(self)}"
-        self._wake_rx = self._ctx.socket(zmq.PAIR)
-        self._wake_rx.setsockopt(zmq.LINGER, 0)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_tx: zmq.Socket[bytes] | None = None
-        self._wake_lock = threading.Lock()
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._wake_rx, zmq.POLLIN)
         self._poller.register(self._zap, zmq.POLLIN)
+        # Waking the publisher thread early (close) without a shared Event and a timeout.
+        self._waker = _Waker(self._ctx, self._poller)
         try:
             self.endpoint = _bind(self._sock, endpoint)
         except TransportError:
@@ -212,10 +206,8 @@ class Publisher:
             ready = dict(self._poller.poll(int(timeout_s * 1000)))
         except zmq.ZMQError:
             return 0
-        if self._wake_rx in ready:
-            with contextlib.suppress(zmq.ZMQError):
-                while True:
-                    self._wake_rx.recv(zmq.NOBLOCK)
+        if self._waker.rx in ready:
+            self._waker.drain()
         if self._zap in ready:
             self._admit(max_notices)
         return self.subscriptions(max_notices) if self._sock in ready else 0
@@ -277,24 +269,58 @@ class Publisher:
 
     def wake(self) -> None:
         """Make a pending :meth:`wait` return now (callable from any thread)."""
-        with self._wake_lock, contextlib.suppress(Exception):
-            if self._wake_tx is None:
-                self._wake_tx = self._ctx.socket(zmq.PAIR)
-                self._wake_tx.setsockopt(zmq.LINGER, 0)
-                self._wake_tx.connect(self._wake_addr)
-            self._wake_tx.send(b"", zmq.NOBLOCK)
+        self._waker.wake()
 
     def close(self) -> None:
         self._held_send = None  # its handle dies with the socket
         with contextlib.suppress(Exception):
             self._sock.disable_monitor()
-        with self._wake_lock:
-            for sock in (self._sock, self._wake_rx, self._wake_tx, self._zap, self._monitor):
+        self._waker.close()
+        for sock in (self._sock, self._zap, self._monitor):
+            with contextlib.suppress(Exception):
+                sock.close(linger=0)
+        with contextlib.suppress(Exception):
+            self._ctx.term()
+
+
+class _Waker:
+    """Wakes the thread blocked in ``poller``'s poll, from any thread: an inproc PAIR
+    whose receiving end the poller watches (a shared Event would need a poll timeout)."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], poller: zmq.Poller) -> None:
+        self._ctx = ctx
+        self._addr = f"inproc://gputop-wake-{id(self)}"
+        self.rx = ctx.socket(zmq.PAIR)
+        self.rx.setsockopt(zmq.LINGER, 0)
+        self.rx.bind(self._addr)
+        self._tx: zmq.Socket[bytes] | None = None  # made by the first waking thread
+        self._lock = threading.Lock()
+        self._closed = False  # no socket made after: the context's term() would wait for it
+        poller.register(self.rx, zmq.POLLIN)
+
+    def wake(self) -> None:
+        with self._lock, contextlib.suppress(Exception):
+            if self._closed:
+                return
+            if self._tx is None:
+                self._tx = self._ctx.socket(zmq.PAIR)
+                self._tx.setsockopt(zmq.LINGER, 0)
+                self._tx.connect(self._addr)
+            self._tx.send(b"", zmq.NOBLOCK)
+
+    def drain(self) -> None:
+        """Take the wake-ups sent (on the polling thread)."""
+        with contextlib.suppress(zmq.ZMQError):
+            while True:
+                self.rx.recv(zmq.NOBLOCK)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for sock in (self.rx, self._tx):
                 if sock is not None:
                     with contextlib.suppress(Exception):
                         sock.close(linger=0)
-        with contextlib.suppress(Exception):
-            self._ctx.term()
 
 
 def _mapped_libzmq() -> tuple[str, list[tuple[int, int]]] | None:
@@ -385,6 +411,9 @@ class Subscriber:
         # unlike after a network error, never reconnects: one hostile or buggy frame would
         # cut the viewer off for good. The monitor tells which endpoint was dropped.
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._waker = _Waker(self._ctx, self._poller)  # a long wait still ends at once
         self._dropped: set[str] = set()
         self._revived: dict[str, float] = {}  # endpoint -> monotonic time of last revival
         self._lock = threading.Lock()
@@ -404,11 +433,18 @@ class Subscriber:
         self._revived.pop(endpoint, None)
 
     def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
-        """Wait up to ``timeout_s`` for messages; return all that are ready (bounded)."""
+        """Wait up to ``timeout_s`` for messages, or until :meth:`wake`; return all that
+        are ready (bounded)."""
         out: list[list[bytes]] = []
         self._revive_dropped()
         sock = self._sock
-        if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+        try:
+            ready = dict(self._poller.poll(int(timeout_s * 1000)))
+        except zmq.ZMQError:
+            return out
+        if self._waker.rx in ready:
+            self._waker.drain()
+        if sock not in ready:
             return out
         while len(out) < max_messages and _readable(sock):
             try:
@@ -439,9 +475,14 @@ class Subscriber:
                     self._sock.disconnect(endpoint)
                     connect_maybe_curve(self._sock, endpoint, self._keys)
 
+    def wake(self) -> None:
+        """Make a pending :meth:`receive` return now (callable from any thread)."""
+        self._waker.wake()
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._sock.disable_monitor()
+        self._waker.close()
         with contextlib.suppress(Exception):
             self._monitor.close(linger=0)
         with contextlib.suppress(Exception):

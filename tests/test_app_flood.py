@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 from fakes_tui import (
     HOST,
     SOURCE_ID,
@@ -23,7 +24,7 @@ from fakes_tui import (
 )
 
 from gputop_dl.probe.messages import Steps, System
-from gputop_dl.tui.app import INBOX_MAX, GputopApp
+from gputop_dl.tui.app import INBOX_MAX, GputopApp, inbox_room
 from gputop_dl.tui.events import Emit, SourceEvent
 
 EVENTS_PER_S = 100_000
@@ -94,7 +95,7 @@ async def test_q_quits_under_a_flood_and_the_inbox_stays_bounded() -> None:
     assert app.return_code == 0
     assert source._stop.is_set(), "quitting stopped the source"
     # Bounded: at most twice the cap waited (urgent events may use the second half).
-    assert source.biggest_inbox <= 2 * INBOX_MAX
+    assert source.biggest_inbox <= 2 * inbox_room(2.0)
     # That second brought ~100,000 events, ~25x the inbox: the excess was dropped.
     assert app.events_dropped > 0, "a flood the UI thread cannot take is cut"
     assert any("viewer overloaded" in e.text for e in app.state.errors)
@@ -111,3 +112,20 @@ async def test_a_trickle_is_never_dropped() -> None:
         assert app.events_dropped == 0
         assert app.events_applied == 3 * len(events)
         await pilot.press("q")
+
+
+@pytest.mark.parametrize(
+    ("refresh_hz", "room"),
+    [
+        (2.0, 20_000),  # half a second of 40,000 steps/s
+        (1.0, 40_000),  # the default: the same steps a second keep up
+        (10.0, 4_000),
+        (0.5, INBOX_MAX),  # a slow refresh: no bigger backlog to apply at once
+        (0.1, INBOX_MAX),
+        (0.0, INBOX_MAX),  # no timer (tests)
+    ],
+)
+def test_the_inbox_holds_a_refresh_period_of_the_flood_it_keeps_up_with(
+    refresh_hz: float, room: int
+) -> None:
+    assert inbox_room(refresh_hz) == room

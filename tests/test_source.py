@@ -24,6 +24,7 @@ import gputop_dl.tui.source as source_module
 from gputop_dl.probe.messages import Hello, Message
 from gputop_dl.probe.protocol import encode, topic
 from gputop_dl.probe.transport import Publisher
+from gputop_dl.tui.cli import DEFAULT_REFRESH_HZ
 from gputop_dl.tui.events import BadInput, Received, SourceEvent
 from gputop_dl.tui.source import ZmqSource
 from gputop_dl.tui.state import GONE_TEXT, RunSummary, ViewerState
@@ -171,7 +172,8 @@ for _ in probe.watch(itertools.count()):
 """
 
 
-def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds() -> None:
+@pytest.mark.parametrize("tick_s", [0.25, 1.0 / DEFAULT_REFRESH_HZ])  # the app's timer
+def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds(tick_s: float) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -198,7 +200,7 @@ def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds() -> Non
         killed = time.time()
         gone_at = None
         while gone_at is None and time.time() - killed < DEADLINE_S:
-            time.sleep(0.25)
+            time.sleep(tick_s)
             now = time.time()
             run = shown(now)
             if run is not None and run.connection.text == GONE_TEXT:
@@ -261,6 +263,38 @@ def test_stop_ends_a_gathering_source_at_once() -> None:
         src.stop()
         thread.join(5.0)
         assert not thread.is_alive()
+
+
+def test_stop_wakes_a_source_out_of_a_long_wait_for_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quiet stream: the thread waits in its poll until the next duty (discovery, the
+    local sample: about a second), not 0.1 s at a time; ``stop`` ends that wait."""
+    monkeypatch.setattr(source_module, "IDLE_POLL_S", 60.0)
+    with gathering(0.0, Collected()) as (_pub, src):
+        time.sleep(0.3)  # in its poll now, with nothing to read
+        thread = src._thread
+        assert thread is not None
+        src.stop()  # joins for 2 s at most: a thread still polling would be alive after
+        assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("discover", "local", "last_discover", "last_local", "wait_s"),
+    [
+        (False, False, 0.0, 0.0, 1.0),  # nothing else to do: IDLE_POLL_S
+        (True, False, 99.7, 0.0, 0.7),  # discovery due at 100.7
+        (False, True, 0.0, 99.2, 0.2),  # the local sample due at 100.2
+        (True, True, 99.9, 99.5, 0.5),
+        (True, False, 50.0, 0.0, 0.0),  # overdue: no wait
+    ],
+)
+def test_the_poll_waits_until_the_next_duty(
+    discover: bool, local: bool, last_discover: float, last_local: float, wait_s: float
+) -> None:
+    src = ZmqSource([], discover=discover, local_sampler=local)
+    src._last_discover, src._last_local_sample = last_discover, last_local
+    assert src._poll_s(100.0) == pytest.approx(wait_s)
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR, decode, enc
 from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample, TopProcess
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
 from gputop_dl.tui.analyzer import Verdict, Window, analyze
+from gputop_dl.tui.cli import DEFAULT_REFRESH_HZ
 from gputop_dl.tui.events import BadInput, EndpointState, Received
 from gputop_dl.tui.state import (
     GONE_TEXT,
@@ -45,6 +46,7 @@ from gputop_dl.tui.state import (
 from gputop_dl.tui.state.clean import MAX_CORES, clean_sample, clean_step, evolve
 from gputop_dl.tui.state.roster import Who, labels, next_slots
 from gputop_dl.tui.state.viewer import (
+    GONE_QUIET_S,
     MAX_SOURCES,
     REMOVE_AFTER_S,
     process_alive,
@@ -994,6 +996,37 @@ def test_a_killed_local_run_shows_as_gone_within_three_seconds() -> None:
     assert pids.asked <= 4  # at most once a second
     # gone: no rate "now" (its last points are from before it stopped), the average stays
     assert state.selected.rate_now is None and state.selected.rate_avg is not None
+
+
+@pytest.mark.parametrize("killed_after", [0.0, 0.25, 0.45])  # its last flush, 0.5 s apart
+@pytest.mark.parametrize("phase", [0.0, 0.3, 0.6, 0.9])
+def test_at_the_default_refresh_a_late_tick_does_not_skip_the_pid_check(
+    killed_after: float, phase: float
+) -> None:
+    """The app's timer ticks once a second (cli.DEFAULT_REFRESH_HZ), a tick now and then
+    50 ms late, so the next one comes 0.95 s after it. Each tick still checks the pid: a
+    check skipped there put the verdict 2 s after the run went quiet, ~3 s after a kill."""
+    period = 1.0 / DEFAULT_REFRESH_HZ
+    pids = Pids()
+    pids.alive.add(4242)
+    state = ViewerState(HOST, pid_alive=pids)
+    events = live_run(NOW)
+    state.apply_all(events)
+    last = max(e.received for e in events if isinstance(e, Received))
+    killed = last + killed_after
+    gone_at = None
+    for n in range(8):
+        at = NOW - 3.0 + phase + n * period + (0.05 if n % 2 else 0.0)
+        if at >= killed:
+            pids.alive.clear()
+        state.tick(at)
+        assert state.selected is not None
+        if at >= killed and state.selected.connection.text == GONE_TEXT:
+            gone_at = at
+            break
+    assert gone_at is not None
+    # quiet for GONE_QUIET_S, then the next tick: within a period and its lateness
+    assert gone_at - last <= GONE_QUIET_S + period + 0.05
 
 
 def test_a_gone_run_that_speaks_again_is_live() -> None:

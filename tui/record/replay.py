@@ -17,7 +17,9 @@ from gputop_dl.tui.events import Emit, SourceEvent, ThreadSource
 from gputop_dl.tui.record.reader import Timeline
 from gputop_dl.tui.state import ViewerState
 
-TICK_S = 0.5  # the live viewer's default refresh period: the state is ticked this often
+# The state is ticked this often, as a live viewer at --refresh 2: a stall or a verdict
+# change is dated to the half second (verdicts are computed about once a second at 1 or 2).
+TICK_S = 0.5
 # A quick replay (snapshot of a long recording) ticks every COARSE_TICK_S up to FINE_S
 # before the moment asked for, then every TICK_S: the verdict at that moment comes from
 # the same analyzer over the same window (30 s) and hysteresis as live; only the times
