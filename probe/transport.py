@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import errno
 import ipaddress
+import math
 import os
 import struct
 import threading
@@ -413,6 +414,7 @@ class Subscriber:
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._waker = _Waker(self._ctx, self._poller)  # a long wait still ends at once
         self._dropped: set[str] = set()
         self._revived: dict[str, float] = {}  # endpoint -> monotonic time of last revival
@@ -438,12 +440,13 @@ class Subscriber:
         out: list[list[bytes]] = []
         self._revive_dropped()
         sock = self._sock
-        try:
-            ready = dict(self._poller.poll(int(timeout_s * 1000)))
-        except zmq.ZMQError:
-            return out
+        # Rounded up: a wait of 0.4 ms is not a poll(0) (a caller would spin until its
+        # deadline). A poll error is the caller's to report (and to back off from).
+        ready = dict(self._poller.poll(math.ceil(max(0.0, timeout_s) * 1000)))
         if self._waker.rx in ready:
             self._waker.drain()
+        if self._monitor in ready:
+            self._revive_dropped()  # a peer dropped: connect again now, not after the wait
         if sock not in ready:
             return out
         while len(out) < max_messages and _readable(sock):

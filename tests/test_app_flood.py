@@ -23,8 +23,9 @@ from fakes_tui import (
     system_sample,
 )
 
+from gputop_dl.probe.core import HISTORY_MAX_STEPS, HISTORY_SYSTEMS, RECORDS_PER_MESSAGE
 from gputop_dl.probe.messages import Steps, System
-from gputop_dl.tui.app import INBOX_MAX, GputopApp, inbox_room
+from gputop_dl.tui.app import INBOX_MAX, REPLAY_STEPS, GputopApp
 from gputop_dl.tui.events import Emit, SourceEvent
 
 EVENTS_PER_S = 100_000
@@ -95,7 +96,7 @@ async def test_q_quits_under_a_flood_and_the_inbox_stays_bounded() -> None:
     assert app.return_code == 0
     assert source._stop.is_set(), "quitting stopped the source"
     # Bounded: at most twice the cap waited (urgent events may use the second half).
-    assert source.biggest_inbox <= 2 * inbox_room(2.0)
+    assert source.biggest_inbox <= 2 * INBOX_MAX
     # That second brought ~100,000 events, ~25x the inbox: the excess was dropped.
     assert app.events_dropped > 0, "a flood the UI thread cannot take is cut"
     assert any("viewer overloaded" in e.text for e in app.state.errors)
@@ -114,18 +115,38 @@ async def test_a_trickle_is_never_dropped() -> None:
         await pilot.press("q")
 
 
-@pytest.mark.parametrize(
-    ("refresh_hz", "room"),
-    [
-        (2.0, 20_000),  # half a second of 40,000 steps/s
-        (1.0, 40_000),  # the default: the same steps a second keep up
-        (10.0, 4_000),
-        (0.5, INBOX_MAX),  # a slow refresh: no bigger backlog to apply at once
-        (0.1, INBOX_MAX),
-        (0.0, INBOX_MAX),  # no timer (tests)
-    ],
-)
-def test_the_inbox_holds_a_refresh_period_of_the_flood_it_keeps_up_with(
-    refresh_hz: float, room: int
-) -> None:
-    assert inbox_room(refresh_hz) == room
+def replay_events() -> list[SourceEvent]:
+    """What a probe sends a viewer that attaches: a hello, its last HISTORY_MAX_STEPS
+    steps in messages of RECORDS_PER_MESSAGE, its last HISTORY_SYSTEMS node samples."""
+    now = T0 + 600.0
+    records = step_records(now - 200.0, 200.0, samples_per_s=2500.0, batch=25)
+    assert len(records) >= HISTORY_MAX_STEPS
+    records = records[-HISTORY_MAX_STEPS:]
+    steps: list[SourceEvent] = [
+        received(Steps(SOURCE_ID, records[i : i + RECORDS_PER_MESSAGE], i, 0), now)
+        for i in range(0, len(records), RECORDS_PER_MESSAGE)
+    ]
+    systems: list[SourceEvent] = [
+        received(System(SOURCE_ID, system_sample(now - n)), now) for n in range(HISTORY_SYSTEMS)
+    ]
+    return [received(hello(), now), *steps, *systems]
+
+
+def test_the_inbox_holds_a_probes_replay_whole() -> None:
+    assert REPLAY_STEPS == HISTORY_MAX_STEPS  # the app does not import the probe's core
+
+
+@pytest.mark.parametrize("refresh_hz", [10.0, 2.0, 1.0])
+async def test_a_late_viewers_replay_is_taken_whole_at_any_refresh(refresh_hz: float) -> None:
+    """A viewer attaching to a run that has been going a while gets its history at once:
+    all of it waits for the next refresh, none is dropped as a flood."""
+    app = GputopApp(FakeSource(), local_host=HOST, refresh_hz=refresh_hz, clock=lambda: T0 + 600.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        events = replay_events()  # no await until applied: no timer tick in between
+        app._emit(events)
+        assert app._inbox_dropped == 0
+        app.refresh_view()
+        assert app.events_dropped == 0
+        assert app.events_applied == len(events)
+        assert not any("viewer overloaded" in e.text for e in app.state.errors)
+        await pilot.press("q")

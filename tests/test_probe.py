@@ -964,7 +964,7 @@ def test_steps_go_out_soon_and_fast_steps_in_fewer_messages(
     step_s: float, fewest: int, most: int, latest_s: float
 ) -> None:
     """A viewer pays ~20 us per message whatever its size: from 100 steps/s on the probe
-    batches the steps of 0.5 s (the viewer's refresh period), below that it sends every
+    batches the steps of 0.5 s (half the viewer's refresh period), below that it sends every
     0.2 s. No step is lost either way, and none waits long (slack for a loaded machine)."""
     p = tcp_probe("cadence", system_interval_s=0)
     reader = attached(p)

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
-from fakes_tui import hello
+from fakes_tui import hello, system_sample
 
 import gputop_dl.tui.source as source_module
-from gputop_dl.probe.messages import Hello, Message
+from gputop_dl.probe.messages import Hello, Message, System
 from gputop_dl.probe.protocol import encode, topic
-from gputop_dl.probe.transport import Publisher
+from gputop_dl.probe.transport import Publisher, Subscriber
 from gputop_dl.tui.cli import DEFAULT_REFRESH_HZ
 from gputop_dl.tui.events import BadInput, Received, SourceEvent
 from gputop_dl.tui.source import ZmqSource
@@ -280,21 +280,66 @@ def test_stop_wakes_a_source_out_of_a_long_wait_for_messages(
 
 
 @pytest.mark.parametrize(
-    ("discover", "local", "last_discover", "last_local", "wait_s"),
+    ("discover", "local", "last_discover", "last_local", "last_probe_sample", "wait_s"),
     [
-        (False, False, 0.0, 0.0, 1.0),  # nothing else to do: IDLE_POLL_S
-        (True, False, 99.7, 0.0, 0.7),  # discovery due at 100.7
-        (False, True, 0.0, 99.2, 0.2),  # the local sample due at 100.2
-        (True, True, 99.9, 99.5, 0.5),
-        (True, False, 50.0, 0.0, 0.0),  # overdue: no wait
+        (False, False, 0.0, 0.0, 0.0, 1.0),  # nothing else to do: IDLE_POLL_S
+        (True, False, 99.7, 0.0, 0.0, 0.7),  # discovery due at 100.7
+        (False, True, 0.0, 99.2, 0.0, 0.2),  # the local sample due at 100.2
+        (True, True, 99.9, 99.5, 0.0, 0.5),
+        (True, False, 50.0, 0.0, 0.0, 0.0),  # overdue: no wait
+        # A probe samples this host: no local sample while its samples come, so none due
+        # (the local one's second long past, it spun at poll(0) between the probe's)
+        (False, True, 0.0, 50.0, 99.8, 1.0),
+        (False, True, 0.0, 50.0, 97.5, 0.5),  # the probe silent: local sampling from 100.5
     ],
 )
 def test_the_poll_waits_until_the_next_duty(
-    discover: bool, local: bool, last_discover: float, last_local: float, wait_s: float
+    discover: bool,
+    local: bool,
+    last_discover: float,
+    last_local: float,
+    last_probe_sample: float,
+    wait_s: float,
 ) -> None:
     src = ZmqSource([], discover=discover, local_sampler=local)
     src._last_discover, src._last_local_sample = last_discover, last_local
+    src._last_foreign_host_sample = last_probe_sample
     assert src._poll_s(100.0) == pytest.approx(wait_s)
+
+
+class CountedReceives(Subscriber):
+    calls = 0
+
+    def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
+        CountedReceives.calls += 1
+        return super().receive(timeout_s, max_messages)
+
+
+def test_a_probe_sampling_this_host_does_not_make_the_source_spin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The viewer's default: the local sampler on, a probe on this host sending its node
+    samples (so the viewer does not sample). The thread waits for messages between them."""
+    monkeypatch.setattr(source_module, "Subscriber", CountedReceives)
+    CountedReceives.calls = 0
+    pub = Publisher("tcp://127.0.0.1:*")
+    got = Collected()
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=True)
+    src.start(got)
+    frames = encode(System("probe:1", system_sample(time.time(), host=socket.gethostname())))
+    try:
+        assert until(
+            lambda: any(isinstance(m, System) for m in got.messages()), lambda: pub.send(frames)
+        )
+        before = CountedReceives.calls
+        for _ in range(8):  # 2 s of a probe's samples, more often than it sends them
+            pub.send(frames)
+            time.sleep(0.25)
+        # A wake-up per message and per idle second at most: ~10. Spinning: ~10^5.
+        assert CountedReceives.calls - before <= 30
+    finally:
+        src.stop()
+        pub.close()
 
 
 @pytest.mark.parametrize(

@@ -998,14 +998,16 @@ def test_a_killed_local_run_shows_as_gone_within_three_seconds() -> None:
     assert state.selected.rate_now is None and state.selected.rate_avg is not None
 
 
+@pytest.mark.parametrize("late", [0.05, 0.2])
 @pytest.mark.parametrize("killed_after", [0.0, 0.25, 0.45])  # its last flush, 0.5 s apart
 @pytest.mark.parametrize("phase", [0.0, 0.3, 0.6, 0.9])
 def test_at_the_default_refresh_a_late_tick_does_not_skip_the_pid_check(
-    killed_after: float, phase: float
+    killed_after: float, phase: float, late: float
 ) -> None:
-    """The app's timer ticks once a second (cli.DEFAULT_REFRESH_HZ), a tick now and then
-    50 ms late, so the next one comes 0.95 s after it. Each tick still checks the pid: a
-    check skipped there put the verdict 2 s after the run went quiet, ~3 s after a kill."""
+    """The app's timer ticks once a second (cli.DEFAULT_REFRESH_HZ) on a fixed schedule:
+    a tick now and then ``late``, so the next one comes that much early. Each tick still
+    checks the pid: a check skipped there put the verdict 2 s after the run went quiet,
+    ~3 s after a kill."""
     period = 1.0 / DEFAULT_REFRESH_HZ
     pids = Pids()
     pids.alive.add(4242)
@@ -1016,7 +1018,7 @@ def test_at_the_default_refresh_a_late_tick_does_not_skip_the_pid_check(
     killed = last + killed_after
     gone_at = None
     for n in range(8):
-        at = NOW - 3.0 + phase + n * period + (0.05 if n % 2 else 0.0)
+        at = NOW - 3.0 + phase + n * period + (late if n % 2 else 0.0)
         if at >= killed:
             pids.alive.clear()
         state.tick(at)
@@ -1026,7 +1028,7 @@ def test_at_the_default_refresh_a_late_tick_does_not_skip_the_pid_check(
             break
     assert gone_at is not None
     # quiet for GONE_QUIET_S, then the next tick: within a period and its lateness
-    assert gone_at - last <= GONE_QUIET_S + period + 0.05
+    assert gone_at - last <= GONE_QUIET_S + period + late
 
 
 def test_a_gone_run_that_speaks_again_is_live() -> None:

@@ -51,7 +51,7 @@ async def shoot(endpoint: str, out: Path, name: str, settle_s: float) -> None:
                 settled = time.monotonic() > deadline - settle_s / 2
                 if verdict is not None and verdict.kind != "warming-up" and settled:
                     break
-            await pilot.pause(0.6)  # one more refresh at 2 Hz
+            await pilot.pause(1.1)  # one more refresh (app.refresh_view: once a second)
             path = out / f"{name}-{width}x{height}.svg"
             app.save_screenshot(filename=path.name, path=str(out))
             print(f"wrote {path}", flush=True)

@@ -50,21 +50,14 @@ MIN_GRAPH_NARROW = 4  # the graph's rows on a short screen: its rule, two rows, 
 MIN_GRAPH_WIDE = 6  # (two rules with a border)
 MIN_PANEL_ROWS = 3
 FOOTER_ROWS = 1
-# What may wait for the UI thread, in step records (any other event counts 1): what
-# INBOX_PER_S a second brings between two refreshes, at most INBOX_MAX. Applying a full
-# inbox takes tens of milliseconds, so a key press is never queued behind a backlog: past
-# this, routine steps and samples are dropped (and counted, shown as an error); anything
-# else may use twice the room before it is dropped too. 64 runs of 200 steps/s: 12,800.
-INBOX_PER_S = 40_000
-INBOX_MAX = 40_000
-
-
-def inbox_room(refresh_hz: float) -> int:
-    """The inbox's bound for a viewer refreshing ``refresh_hz`` times a second (0: no
-    timer, as under test: the most)."""
-    if refresh_hz <= 0:
-        return INBOX_MAX
-    return max(1, min(INBOX_MAX, round(INBOX_PER_S / refresh_hz)))
+# What may wait for the UI thread, in step records (any other event counts 1): a
+# probe's replay to a late viewer whole (REPLAY_STEPS and its node samples), and
+# what a refresh period of 1 s brings from 64 runs of 600 steps/s. Applying a full inbox
+# takes well under a refresh period, so a key press is never queued behind a backlog:
+# past this, routine steps and samples are dropped (and counted, shown as an error);
+# anything else may use twice the room before it is dropped too.
+REPLAY_STEPS = 20_000  # probe.core.HISTORY_MAX_STEPS (not imported: the probe's machinery)
+INBOX_MAX = 2 * REPLAY_STEPS
 
 
 class SourceEvents(Message):
@@ -153,8 +146,7 @@ class GputopApp(App[None]):
         self._source_started = False
         # Events from the source's thread, applied on the UI thread.
         self._inbox: list[SourceEvent] = []
-        self._inbox_room = inbox_room(refresh_hz)
-        self._inbox_weight = 0  # step records (and other events) waiting, <= 2 * room
+        self._inbox_weight = 0  # step records (and other events) waiting, <= 2 * INBOX_MAX
         self._inbox_dropped = 0  # events dropped since the inbox was last taken
         self.events_dropped = 0  # in all
         self._inbox_lock = threading.Lock()
@@ -237,15 +229,14 @@ class GputopApp(App[None]):
         Routine steps and samples wait in the inbox for the next refresh (the screen
         changes only then: waking the UI thread for each batch costs CPU for nothing);
         a new run, a hello, a problem, or anything before the first run wakes it.
-        The inbox is bounded (:func:`inbox_room`): under a flood the excess is dropped
-        here, on the source's thread, so the UI thread never has more than a refresh's
-        worth to apply."""
+        The inbox is bounded (INBOX_MAX): under a flood the excess is dropped here, on the
+        source's thread, so the UI thread never has more than a refresh's worth to apply."""
         wake = self._wake_for_any or any(_urgent(event) for event in events)
         with self._inbox_lock:
             weight = self._inbox_weight
             for event in events:
                 cost = _weight(event)
-                room = self._inbox_room if not _urgent(event) else 2 * self._inbox_room
+                room = INBOX_MAX if not _urgent(event) else 2 * INBOX_MAX
                 if weight + cost > room:
                     self._inbox_dropped += 1
                     continue

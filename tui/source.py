@@ -119,6 +119,7 @@ class ZmqSource(ThreadSource):
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
         received = sub.receive(self._poll_s(now))
+        now = time.monotonic()  # after a wait of up to IDLE_POLL_S
         self._read_messages = bool(received)
         for frames in received:
             event = self._decode(frames, now)
@@ -153,12 +154,17 @@ class ZmqSource(ThreadSource):
                     events.append(local)
 
     def _poll_s(self, now: float) -> float:
-        """How long the next poll may wait: until the next discovery or local sample."""
+        """How long the next poll may wait: until the next discovery or local sample
+        (not before the grace a probe's own samples of this host give it)."""
         due = now + IDLE_POLL_S
         if self.discover:
             due = min(due, self._last_discover + DISCOVER_EVERY_S)
         if self.local_sampler:
-            due = min(due, self._last_local_sample + self.sample_interval_s)
+            local = max(
+                self._last_local_sample + self.sample_interval_s,
+                self._last_foreign_host_sample + LOCAL_SAMPLE_GRACE_S,
+            )
+            due = min(due, local)
         return max(0.0, due - now)
 
     def stop(self) -> None:

@@ -74,7 +74,10 @@ STALE_AFTER_S = 3.0  # a live run publishes several messages a second
 HELLO_PERIOD_S = 2.0  # probe.core.HELLO_EVERY_S: a live probe says hello this often
 LOST_AFTER_S = 3 * HELLO_PERIOD_S  # a remote run this silent is shown as lost
 GONE_QUIET_S = 1.0  # a local run whose pid is gone, silent this long, has exited
-PID_CHECK_EVERY_S = 0.9  # under the default refresh period: a late tick must not skip one
+# Both under the default refresh period (1 s) by a margin: Textual's timer keeps its
+# schedule, so the tick after a late one comes early, and must not be skipped (it was
+# at 0.9 s when a tick came 150 ms late). At --refresh 2: every other tick.
+PID_CHECK_EVERY_S = 0.75
 REMOVE_AFTER_S = 60.0  # an ended run fades, then leaves the switcher for the recent list
 RECENT_RUNS = 20
 MAX_SOURCES = 1024  # publishers tracked at once (a 512-rank job, its agents and others)
@@ -83,7 +86,7 @@ MAX_ENDPOINTS = 256
 MAX_TOTAL_STEP_RECORDS = 200_000  # shared by all runs (~50 MB); each keeps at least:
 MAX_WINDOW_RECORDS = 2 * MAX_WINDOW_STEPS  # the analyzer reads the last MAX_WINDOW_STEPS
 # A run's verdict is recomputed about once a second: each tick at the default refresh.
-ANALYZE_EVERY_S = 0.9
+ANALYZE_EVERY_S = 0.75
 OTHERS_PER_TICK = 4  # ... runs not on screen: this many a tick, those judged longest ago
 MAX_ERRORS = 20
 STALL_MIN_S = 1.0  # no step for this long (and twice the usual step) shows as a stall

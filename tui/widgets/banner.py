@@ -60,7 +60,7 @@ class Banner(Panel):
     ) -> None:
         agent_only = tuple(agent_only)
         if self.unchanged(*_shown_of(run, now), host, job_text, agent_only):
-            return  # the same lines: not even built again (a refresh comes twice a second)
+            return  # the same lines: not even built again (a refresh comes every second)
         self.run, self.host, self.now, self.job_text = run, host, now, job_text
         self.agent_only = agent_only
         self._set_severity(self._severity())
