@@ -389,6 +389,42 @@ def panel_titles(app: GputopApp) -> list[str]:
     return [str(p.border_title) for p in app.query(Panel) if p.display and p.border_title]
 
 
+STALLED_WITH_STACK = Verdict(
+    kind="stalled",
+    severity="critical",
+    confidence=1.0,
+    headline="Stalled: no step for 28 s; typical step 74 ms",
+    evidence=(
+        "last step 70 ended 28 s ago; stall threshold 10 s (max of 5x typical step, 10 s)",
+        "main process 0 % CPU, 2 workers 0 % CPU in all: nearly idle, so blocked",
+        "training thread (MainThread) stack after 10 s without a step, innermost first:",
+        "  at /usr/lib/python3.11/threading.py:320 in wait(): waiter.acquire()",
+        "  at /usr/lib/python3.11/threading.py:622 in wait(): signaled = self._cond.wait()",
+        "  at /usr/lib/python3.11/queue.py:171 in get(): self.not_empty.wait()",
+        "  your code: /home/u/train.py:315 in _train(): batch = queue.get()",
+    ),
+    advice=("native frames too (C extensions, NCCL, CUDA): py-spy dump --native --pid 4776",),
+)
+
+
+@pytest.mark.parametrize("size", [(160, 45), WIDE])
+async def test_a_stalled_runs_banner_shows_where_it_waits(
+    size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack's heading came without its frames (the banner took three evidence
+    lines, the third the heading): the innermost frame and the user's are shown."""
+    verdict = STALLED_WITH_STACK
+    monkeypatch.setattr(tui_state, "analyze", lambda window, previous=None: verdict)
+    app, source, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        shown = flat("\n".join(screen_text(app)[: app.banner.region.bottom]))
+        assert "stack after 10 s without a step, innermost first:" in shown
+        assert "at /usr/lib/python3.11/threading.py:320 in wait(): waiter.acquire()" in shown
+        assert "your code: /home/u/train.py:315 in _train(): batch = queue.get()" in shown
+        assert "queue.py:171" not in shown  # two frames at most: the banner stays short
+
+
 @pytest.mark.parametrize("node", [{}, SMALL_NODE], ids=["64-core-8-gpu", "2-core"])
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 async def test_the_whole_verdict_and_every_panel_title_are_on_screen(

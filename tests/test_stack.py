@@ -24,6 +24,7 @@ from gputop_dl.tui.analyzer import Window, analyze
 from gputop_dl.tui.events import Received
 from gputop_dl.tui.ptrace import judge
 from gputop_dl.tui.state import ViewerState
+from gputop_dl.tui.widgets import banner
 
 T0 = 1_700_000_000.0
 
@@ -165,6 +166,45 @@ def test_stack_evidence(frames: tuple[Frame, ...], expected: list[str]) -> None:
     lines = stuck.stack_evidence(stack(*frames))
     assert lines[0].startswith("training thread (MainThread) stack after 20 s without a step")
     assert lines[1:] == expected
+
+
+HEAD = "training thread (MainThread) stack after 20 s without a step, innermost first:"
+
+
+@pytest.mark.parametrize(
+    ("evidence", "items"),
+    [
+        ([], []),
+        (["a", "b"], [("a", []), ("b", [])]),
+        (
+            ["last step ended 28 s ago", HEAD, "  at x.py:1 in f(): y", "  your code: t.py:2"],
+            [
+                ("last step ended 28 s ago", []),
+                (HEAD, ["at x.py:1 in f(): y", "your code: t.py:2"]),
+            ],
+        ),
+        (["  at x.py:1 in f()", "b"], [("  at x.py:1 in f()", []), ("b", [])]),  # no head: its own
+    ],
+)
+def test_a_stacks_frames_belong_to_its_evidence_line(
+    evidence: list[str], items: list[tuple[str, list[str]]]
+) -> None:
+    assert banner.evidence_items(evidence) == items
+
+
+@pytest.mark.parametrize(
+    ("details", "shown"),
+    [
+        ([], []),
+        (["at a", "at b", "at c"], ["at a", "at b"]),  # the innermost frames
+        (["at a", "at b", "at c", "your code: t"], ["at a", "your code: t"]),  # and the user's
+        (["at a"], ["at a"]),
+    ],
+)
+def test_the_banner_shows_the_innermost_frame_and_the_users(
+    details: list[str], shown: list[str]
+) -> None:
+    assert banner.shown_details(details) == shown
 
 
 def test_only_the_stall_in_progress_has_its_stack_shown() -> None:

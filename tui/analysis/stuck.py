@@ -14,6 +14,7 @@ SHOWN_PATH = 60  # characters of a path in the evidence, its end kept
 # Paths that are libraries, not the user's code: the innermost frame *outside* them is
 # where the user's code waits, named too when it is not among the innermost frames.
 LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+USER_FRAME = "your code: "  # leads the line of the user's innermost frame
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def stack_evidence(stack: Stack) -> list[str]:
     lines += [f"  at {where(frame)}" for frame in shown]
     user = next((f for f in stack.frames if not is_library(f)), None)
     if user is not None and user not in shown:
-        lines.append(f"  your code: {where(user)}")
+        lines.append(f"  {USER_FRAME}{where(user)}")
     return lines
 
 

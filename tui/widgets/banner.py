@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
+from gputop_dl.tui.analysis.stuck import USER_FRAME
 from gputop_dl.tui.format import fmt_duration, fmt_share
 from gputop_dl.tui.state import INSTRUMENT_HINT, OUR_PROTOCOL, RunSummary, upgrade_advice
 from gputop_dl.tui.widgets.base import Panel, wrap
@@ -26,6 +27,10 @@ WIDE_BANNER = 118  # from this many columns the banner adds the evidence and the
 # all the panels' titles stay in view under it
 NARROW_BUDGET = ((30, 5), (44, 7), (sys.maxsize, 9))
 MAX_WRAP = 4  # lines one bullet may take before it is cut (a sentence, not a page)
+# Lines under an evidence item (a stalled run's stack: "  at file:line in f()") shown with
+# it: the innermost frame, and the user's own innermost frame when the stack names it
+# (else the next frame).
+MAX_DETAIL = 2
 
 
 class Banner(Panel):
@@ -199,7 +204,7 @@ class Banner(Panel):
         notes: tuple[str, ...] = tuple(getattr(verdict, "notes", ()) or ())
         headroom = [verdict.headroom] if verdict.headroom else []
         if wide:
-            lines += self._items("•", evidence[:3], "banner--evidence", width)
+            lines += self._evidence(evidence, 3, width)
             lines += self._items("→", advice[:2], "banner--advice", width)
             lines += self._items(
                 "⇡", [verdict.headroom] if verdict.headroom else [], "banner--headroom", width
@@ -211,13 +216,21 @@ class Banner(Panel):
         first = self._items("→", advice[:1], "banner--advice", width)
         second = self._items("→", advice[1:2], "banner--advice", width)
         gain = self._items("⇡", headroom, "banner--headroom", width)
-        why = self._items("•", evidence[:1], "banner--evidence", width)
+        why = self._evidence(evidence, 1, width)
         budget = self.budget - len(lines) - len(first) - len(gain)
         if len(second) > budget:
             second = []
         if len(second) + len(why) > budget:
             why = []
         return lines + first + second + gain + why
+
+    def _evidence(self, evidence: Sequence[str], count: int, width: int) -> list[Text]:
+        """The first ``count`` pieces of evidence as bullets, each with its first details."""
+        lines: list[Text] = []
+        for head, details in evidence_items(evidence)[:count]:
+            lines += self._items("•", [head], "banner--evidence", width)
+            lines += self._items(" ", shown_details(details), "banner--evidence", width)
+        return lines
 
     def _items(self, glyph: str, texts: Sequence[str], component: str, width: int) -> list[Text]:
         """Each text as a bullet, word-wrapped under its first word."""
@@ -228,6 +241,24 @@ class Banner(Panel):
 
     def _item(self, glyph: str, text: str, component: str) -> Text:
         return Text(f"  {glyph} {text}", self.style(component))
+
+
+def evidence_items(evidence: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """Evidence lines as items: a line, and the indented lines under it (a stack's
+    frames under "… stack …, innermost first:"), which mean nothing without their head."""
+    items: list[tuple[str, list[str]]] = []
+    for line in evidence:
+        if line.startswith("  ") and items:
+            items[-1][1].append(line.strip())
+        else:
+            items.append((line, []))
+    return items
+
+
+def shown_details(details: list[str]) -> list[str]:
+    """At most MAX_DETAIL of an item's details: the first ones, the user's frame kept."""
+    user = [d for d in details if d.startswith(USER_FRAME)]
+    return [*details[: MAX_DETAIL - len(user[:1])], *user[:1]]
 
 
 def _shown_of(run: RunSummary | None, now: float) -> tuple[object, ...]:
