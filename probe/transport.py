@@ -35,6 +35,7 @@ from gputop_dl.probe.protocol import TOPIC_PREFIX
 # its queue for its history replays, probe.core.SEND_QUEUE).
 SEND_HWM = 128
 RECV_HWM = 10_000
+REVIVE_EVERY_S = 1.0  # a dropped peer is connected again at most this often
 # Subscription notices kept queued for the publisher thread; a flood beyond this is
 # dropped by libzmq, which only delays a replay (notices are coalesced anyway).
 SUB_NOTICE_HWM = 1000
@@ -413,8 +414,9 @@ class Subscriber:
         # cut the viewer off for good. The monitor tells which endpoint was dropped.
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._poller = zmq.Poller()
+        # Not the monitor: libzmq retries a peer that accepts and closes ~10 times a
+        # second, each a DISCONNECTED event; a dropped peer waits for the next receive.
         self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
         self._waker = _Waker(self._ctx, self._poller)  # a long wait still ends at once
         self._dropped: set[str] = set()
         self._revived: dict[str, float] = {}  # endpoint -> monotonic time of last revival
@@ -438,15 +440,15 @@ class Subscriber:
         """Wait up to ``timeout_s`` for messages, or until :meth:`wake`; return all that
         are ready (bounded)."""
         out: list[list[bytes]] = []
-        self._revive_dropped()
+        revival = self._revive_dropped()
+        if revival is not None:  # a dropped peer's next try comes before the wait's end
+            timeout_s = min(timeout_s, revival)
         sock = self._sock
-        # Rounded up: a wait of 0.4 ms is not a poll(0) (a caller would spin until its
-        # deadline). A poll error is the caller's to report (and to back off from).
-        ready = dict(self._poller.poll(math.ceil(max(0.0, timeout_s) * 1000)))
+        ready = dict(self._poller.poll(poll_ms(timeout_s)))  # an error: the caller's to report
         if self._waker.rx in ready:
             self._waker.drain()
-        if self._monitor in ready:
-            self._revive_dropped()  # a peer dropped: connect again now, not after the wait
+        if revival is not None:
+            self._revive_dropped()  # its time may have come during the wait
         if sock not in ready:
             return out
         while len(out) < max_messages and _readable(sock):
@@ -456,9 +458,10 @@ class Subscriber:
                 break
         return out
 
-    def _revive_dropped(self) -> None:
+    def _revive_dropped(self) -> float | None:
         """Connect again to endpoints the socket dropped (at most once a second each: a
-        peer that keeps sending oversized frames must not make us spin)."""
+        peer that keeps sending oversized frames must not make us spin). Returns the
+        seconds until the next one may be, None when none waits."""
         while _readable(self._monitor):
             try:
                 frames = self._monitor.recv_multipart(flags=zmq.NOBLOCK)
@@ -468,15 +471,20 @@ class Subscriber:
             if endpoint in self.endpoints:
                 self._dropped.add(endpoint)
         now = time.monotonic()
+        next_in: float | None = None
         for endpoint in list(self._dropped):
+            wait = self._revived.get(endpoint, -1e9) + REVIVE_EVERY_S - now
             if endpoint not in self.endpoints:
                 self._dropped.discard(endpoint)
-            elif now - self._revived.get(endpoint, -1e9) >= 1.0:
+            elif wait <= 0:
                 self._dropped.discard(endpoint)
                 self._revived[endpoint] = now
                 with contextlib.suppress(zmq.ZMQError):
                     self._sock.disconnect(endpoint)
                     connect_maybe_curve(self._sock, endpoint, self._keys)
+            else:
+                next_in = wait if next_in is None else min(next_in, wait)
+        return next_in
 
     def wake(self) -> None:
         """Make a pending :meth:`receive` return now (callable from any thread)."""
@@ -792,6 +800,12 @@ def _bind(sock: zmq.Socket[bytes], endpoint: str) -> str:
         raise TransportError(f"cannot listen on {endpoint}: {exc.strerror}") from None
     last = sock.getsockopt(zmq.LAST_ENDPOINT)
     return last.decode() if isinstance(last, bytes) and last else endpoint
+
+
+def poll_ms(timeout_s: float) -> int:
+    """A zmq poll's timeout in whole milliseconds, rounded up: a wait of 0.4 ms is not a
+    poll(0), which would make a caller waiting for a deadline spin until it."""
+    return math.ceil(max(0.0, timeout_s) * 1000)
 
 
 def _readable(sock: zmq.Socket[bytes]) -> bool:

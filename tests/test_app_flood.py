@@ -97,7 +97,7 @@ async def test_q_quits_under_a_flood_and_the_inbox_stays_bounded() -> None:
     assert source._stop.is_set(), "quitting stopped the source"
     # Bounded: at most twice the cap waited (urgent events may use the second half).
     assert source.biggest_inbox <= 2 * INBOX_MAX
-    # That second brought ~100,000 events, ~25x the inbox: the excess was dropped.
+    # That second brought ~100,000 events, 2.5x the inbox: the excess was dropped.
     assert app.events_dropped > 0, "a flood the UI thread cannot take is cut"
     assert any("viewer overloaded" in e.text for e in app.state.errors)
 

@@ -20,6 +20,7 @@ import msgpack
 import pytest
 from fakes_tui import hello, system_sample
 
+import gputop_dl.probe.transport as transport
 import gputop_dl.tui.source as source_module
 from gputop_dl.probe.messages import Hello, Message, System
 from gputop_dl.probe.protocol import encode, topic
@@ -150,6 +151,40 @@ def test_a_50_mb_frame_does_not_cut_the_viewer_off(
     pub.send([topic("steps"), b"\x00" * (50 * 1024 * 1024)])
     assert delivered(pub, got, "after")  # the connection came back (or was never cut)
     assert src._thread is not None and src._thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "ms"), [(0.0, 0), (0.0004, 1), (0.001, 1), (0.0011, 2), (1.0, 1000), (-1.0, 0)]
+)
+def test_a_poll_waits_whole_milliseconds_rounded_up(timeout_s: float, ms: int) -> None:
+    # Truncated, 0.4 ms was a poll(0): a caller waiting for its deadline spun until it.
+    assert transport.poll_ms(timeout_s) == ms
+
+
+@pytest.mark.parametrize(("revived_ago", "waits"), [(0.3, 0.7), (0.99, 0.01), (1.5, None)])
+def test_a_dropped_peer_is_connected_again_once_a_second_and_the_wait_says_when(
+    revived_ago: float, waits: float | None
+) -> None:
+    """A peer dropped for an oversized frame: connected again at once if its last revival
+    is a second old, else the receive's wait ends when it may be (not a whole idle poll
+    later, which cut a peer off for up to 2 s)."""
+    sub = Subscriber()
+    endpoint = "tcp://127.0.0.1:9"  # nothing listens: connecting costs nothing
+    try:
+        sub.connect(endpoint)
+        sub._dropped.add(endpoint)
+        sub._revived[endpoint] = time.monotonic() - revived_ago
+        wait = sub._revive_dropped()
+        if waits is None:
+            assert wait is None and endpoint not in sub._dropped  # connected again
+        else:
+            assert wait == pytest.approx(waits, abs=0.05) and endpoint in sub._dropped
+            started = time.monotonic()
+            sub.receive(60.0)  # nothing arrives: the wait ends at the revival
+            assert time.monotonic() - started < 5.0
+            assert endpoint not in sub._dropped
+    finally:
+        sub.close()
 
 
 def test_a_flood_of_garbage_is_reported_rate_limited_and_valid_messages_still_pass(

@@ -230,7 +230,8 @@ class GputopApp(App[None]):
         changes only then: waking the UI thread for each batch costs CPU for nothing);
         a new run, a hello, a problem, or anything before the first run wakes it.
         The inbox is bounded (INBOX_MAX): under a flood the excess is dropped here, on the
-        source's thread, so the UI thread never has more than a refresh's worth to apply."""
+        source's thread, so the UI thread never has more than tens of milliseconds of
+        work to apply at once."""
         wake = self._wake_for_any or any(_urgent(event) for event in events)
         with self._inbox_lock:
             weight = self._inbox_weight

@@ -113,13 +113,14 @@ class ZmqSource(ThreadSource):
                     self._stop.wait(self.gather_s)  # let the next ones gather (``stop`` ends it)
 
     def _iteration(self, sub: Subscriber, events: list[SourceEvent]) -> None:
-        """One poll: rediscover, read what arrived, sample this host when nobody does."""
+        """One poll: read what arrived, rediscover, sample this host when nobody does.
+        The duties are timed from one clock reading taken after the wait (up to
+        IDLE_POLL_S), so that those due together come in one wake-up."""
+        received = sub.receive(self._poll_s(time.monotonic()))
         now = time.monotonic()
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
-        received = sub.receive(self._poll_s(now))
-        now = time.monotonic()  # after a wait of up to IDLE_POLL_S
         self._read_messages = bool(received)
         for frames in received:
             event = self._decode(frames, now)
