@@ -38,6 +38,10 @@ HISTORY = os.environ.get("GPUTOP_BENCH_HISTORY", "1") != "0"
 # Extra viewer arguments, e.g. "--refresh 2" (the default is 1 Hz, btop's and glances' rate here).
 VIEWER_ARGS = os.environ.get("GPUTOP_BENCH_VIEWER_ARGS", "")
 # GPUTOP_BENCH_COMPARE=0 measures the viewer only (interleaved before/after runs of it).
+# GPUTOP_BENCH_DISCOVER=1 runs ``gputop`` with no argument, as on a training node: it finds
+# the publisher as it finds a probe (discovery, a private GPUTOP_RUNTIME_DIR) and keeps
+# its own sampler of the host ready for when the probe's samples stop.
+DISCOVER = os.environ.get("GPUTOP_BENCH_DISCOVER", "0") != "0"
 COMPARE = os.environ.get("GPUTOP_BENCH_COMPARE", "1") != "0"
 TMUX = ["tmux", "-L", f"gputop-bench-{os.getpid()}"]  # never the user's (or another's) server
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,8 +58,15 @@ from gputop_dl.probe.samples import (CpuCore, CpuSample, DiskSample, GpuSample, 
 from gputop_dl.probe.transport import Publisher
 
 pub = Publisher(sys.argv[1])
-host, sid = socket.gethostname(), socket.gethostname() + ":4242"
-hello = Hello(source_id=sid, role="probe", name="bench-run", host=host, pid=4242,
+# Discovered (GPUTOP_BENCH_DISCOVER=1): registered as a probe of this host is, its own pid
+# the run's, its node samples host-wide as local rank 0's are (the viewer then takes none).
+discovered = len(sys.argv) > 3 and sys.argv[3] == "discover"
+pid = os.getpid() if discovered else 4242
+host, sid = socket.gethostname(), f"{socket.gethostname()}:{pid}"
+if discovered:
+    from gputop_dl.probe.discovery import Record, register
+    register(Record(sys.argv[1], pid, host, "bench-run", "probe", time.time()))
+hello = Hello(source_id=sid, role="probe", name="bench-run", host=host, pid=pid,
               started=time.time(), probe_version="0.1.0", rank=0, local_rank=0, world_size=8,
               loader=LoaderInfo(kind="torch.DataLoader", num_workers=8, pin_memory=True,
                                 batch_size=256, prefetch_factor=2, persistent_workers=True,
@@ -118,7 +129,8 @@ while True:
             disks=tuple(DiskSample(f"nvme{d}n1", 5e8, 1e7, 4000.0, 100.0, 40.0) for d in range(4)),
             nets=tuple(NetSample(f"eth{n}", 1e8, 1e7) for n in range(4)),
             processes=procs, gpus=gpus, hpus=hpus,
-            statuses=(SourceStatus("nvml", True), SourceStatus("hl-smi", True)))
+            statuses=(SourceStatus("nvml", True), SourceStatus("hl-smi", True)),
+            host_sampled=discovered)
         frames = encode(System(sid, sample))
         systems.append(frames)
         pub.send(frames)
@@ -201,17 +213,23 @@ def main() -> None:
             script.write_text(PUBLISHER)
             (Path(tmp) / "btop").mkdir()
             (Path(tmp) / "btop" / "btop.conf").write_text("update_ms = 1000\n")
+            runtime = Path(tmp) / "run"
+            runtime.mkdir(mode=0o700)
+            mode = ["discover"] if DISCOVER else []
             pub = subprocess.Popen(
-                [sys.executable, str(script), endpoint, "1" if HISTORY else "0"], cwd=ROOT
+                [sys.executable, str(script), endpoint, "1" if HISTORY else "0", *mode],
+                cwd=ROOT,
+                env={**os.environ, "GPUTOP_RUNTIME_DIR": str(runtime)},
             )
+            # env VAR=value gputop [ENDPOINT]: discovered, no endpoint, the probes' folder
+            viewer = f"{env} GPUTOP_RUNTIME_DIR={runtime} {GPUTOP} {VIEWER_ARGS}"
+            viewer += "" if DISCOVER else f" {endpoint}"
             try:
                 time.sleep(1.0)
                 # Rounds: the viewer, then each tool, so that each ratio compares runs of
                 # the same minutes (this VM's speed drifts by 2x within hours).
                 for _ in range(REPEATS):
-                    first, cpu = measure(
-                        "gputop", f"exec {env} {GPUTOP} {VIEWER_ARGS} {endpoint}", "bench-run"
-                    )
+                    first, cpu = measure("gputop", f"exec {viewer}", "bench-run")
                     cpus.append(cpu)
                     firsts.append(first)
                     for tool, command, ready in tools:
@@ -221,7 +239,8 @@ def main() -> None:
                 pub.kill()
                 pub.wait()
         print(
-            f"gputop viewer {VIEWER_ARGS or '(default refresh)'}, 200x50, 150 steps/s, "
+            f"gputop viewer {VIEWER_ARGS or '(default refresh)'}"
+            f"{' (discovered, no argument)' if DISCOVER else ''}, 200x50, 150 steps/s, "
             f"64 cores, 8 GPUs, 8 HPUs at 1 Hz, "
             f"{'120 s history replayed on attach' if HISTORY else 'no history'}, "
             f"{REPEATS} x {MEASURE_S:.0f} s: {spread(cpus)}; first frame "
