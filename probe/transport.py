@@ -205,7 +205,7 @@ class Publisher:
         """Sleep until ``timeout_s`` passes, :meth:`wake` is called or subscribers
         (re)subscribe; return how many subscription notices arrived (bounded)."""
         try:
-            ready = dict(self._poller.poll(int(timeout_s * 1000)))
+            ready = dict(self._poller.poll(poll_ms(timeout_s)))
         except zmq.ZMQError:
             return 0
         if self._waker.rx in ready:
@@ -762,7 +762,7 @@ class Forwarder:
         """Messages forwarded (``listen`` None only): all ready within ``timeout_s``."""
         out: list[list[bytes]] = []
         tap = self._tap
-        if tap is None or not tap.poll(int(timeout_s * 1000), zmq.POLLIN):
+        if tap is None or not tap.poll(poll_ms(timeout_s), zmq.POLLIN):
             return out
         while len(out) < max_messages and _readable(tap):
             try:
