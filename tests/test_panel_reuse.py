@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from fakes_tui import FakeSource, live_run, system_sample
+from rich.control import strip_control_codes
 from rich.text import Text
 
 from gputop_dl.tui.app import GputopApp
+from gputop_dl.tui.widgets import accelerators
 from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel, Device
+from gputop_dl.tui.widgets.base import Part, trusted_copy
 
 NOW = 1_700_000_060.0
 WIDE = (200, 50)
@@ -55,3 +59,49 @@ async def test_accelerator_rows_rebuilt_only_for_changed_devices_and_show_the_sa
         assert looks(panel.lines(width)) == second
         assert first != second
         assert "99%" in second[3][0]
+
+
+NAMES = [
+    "NVIDIA H100 80GB HBM3",
+    "Intel Gaudi 3",
+    "",
+    "bell\x07 and back\x08space",
+    "carriage\rreturn",
+    "\x1b[31mred\x1b[0m",
+    "form\x0cfeed\x0bvtab",
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_an_accelerator_row_is_sanitized_as_rich_sanitizes_it(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row is made without Rich's sanitizing copy only when its one string from the
+    wire, the device name, holds no control code: the same row as Rich's either way."""
+    source = FakeSource()
+    app = GputopApp(source, local_host="node-a", clock=lambda: NOW)
+    async with app.run_test(size=WIDE) as pilot:
+        source.push(live_run(NOW))
+        await pilot.pause()
+        panel = app.query_one(AcceleratorsPanel)
+        device = Device("GPU", 3, name, None, 42.0, 10 << 30, 80 << 30, 300.0, 700.0, 90.0)
+        device = replace(device, throttle=("thermal",))
+        plain_assemble = accelerators.assemble
+
+        def sanitizing(parts: list[Part], trusted: bool = False) -> Text:
+            return plain_assemble(parts)  # Rich sanitizes whatever the row says
+
+        for width in (200, 100, 50):
+            got = panel._row(device, width, True)
+            with monkeypatch.context() as patched:
+                patched.setattr(accelerators, "assemble", sanitizing)
+                want = panel._row(device, width, True)
+            assert (got.plain, got.spans, got.style) == (want.plain, want.spans, want.style)
+            assert strip_control_codes(got.plain) == got.plain
+            copy = trusted_copy(got)
+            assert (copy.plain, copy.spans, copy.style, copy.end) == (
+                got.plain,
+                got.spans,
+                got.style,
+                got.end,
+            )

@@ -214,9 +214,12 @@ def bar_eighths(fractions: Sequence[float | None], width: int) -> tuple[int, ...
     the bar looks like (two bars with the same eighths are drawn the same)."""
     scale = width * 8
     # clamp01 inlined (None, NaN and infinities count as 0): this runs for every bar drawn
+    # (a list comprehension: no generator to resume per part)
     return tuple(
-        0 if f is None or not 0.0 < f < math.inf else scale if f >= 1.0 else round(f * scale)
-        for f in fractions
+        [
+            0 if f is None or not 0.0 < f < math.inf else scale if f >= 1.0 else round(f * scale)
+            for f in fractions
+        ]
     )
 
 

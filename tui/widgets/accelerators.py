@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.cells import cell_len
+from rich.control import strip_control_codes
 from rich.text import Text
 
 from gputop_dl.probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
 from gputop_dl.tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
-from gputop_dl.tui.widgets.base import Panel, Part, assemble
+from gputop_dl.tui.widgets.base import Panel, Part, assemble, trusted_copy
 
 MIN_CELL = 34  # columns a device needs when two share a row
 MISSING_SOURCES = {"nvml": "no NVIDIA GPU", "hl-smi": "no Gaudi"}
@@ -187,7 +188,7 @@ class AcceleratorsPanel(Panel):
             if row is None:
                 row = self._row(device, width, show_name)
             rows[key] = row
-            cells.append(row.copy())
+            cells.append(trusted_copy(row))
         self._rows = rows
         return cells
 
@@ -291,6 +292,9 @@ class AcceleratorsPanel(Panel):
             if device.mem_used is not None and device.mem_total
             else None
         )
+        # The name is the only string from the wire here: without a control code in
+        # it the line has none, and Rich's sanitizing copy of the line can be skipped
+        # (with one, Rich strips the line as it always did).
         return assemble(
             [
                 (index, label),
@@ -302,7 +306,8 @@ class AcceleratorsPanel(Panel):
                 (mem_ratio, None),
                 *chosen,
                 (throttle, self.style("panel--warning")),
-            ]
+            ],
+            trusted=strip_control_codes(name) == name,
         )
 
 

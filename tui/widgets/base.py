@@ -68,9 +68,19 @@ MAX_BARS = 4096  # distinct bars a panel keeps styled (emptied when full)
 MAX_SPAN_STYLES = 1024  # distinct span styles a panel keeps combined with its base style
 
 
-def assemble(parts: Iterable[Part]) -> Text:
+def trusted_copy(text: Text) -> Text:
+    """``text.copy()`` without sanitizing its plain text again: it was sanitized when
+    ``text`` was made (or composed by this viewer), and stripping is idempotent."""
+    copy = trusted_text(text.plain, text.spans[:], text.style)
+    copy.justify, copy.overflow, copy.no_wrap = text.justify, text.overflow, text.no_wrap
+    copy.end, copy.tab_size = text.end, text.tab_size
+    return copy
+
+
+def assemble(parts: Iterable[Part], *, trusted: bool = False) -> Text:
     """One line from ``(text, style)`` parts, one span per run of the same style (faster
-    than ``Text.append`` part by part, and cheaper to draw)."""
+    than ``Text.append`` part by part, and cheaper to draw). ``trusted``: no part holds a
+    control code (see :func:`trusted_text`)."""
     plain: list[str] = []
     spans: list[Span] = []
     position = 0
@@ -86,6 +96,8 @@ def assemble(parts: Iterable[Part]) -> Text:
         position += len(text)
     if run_style and run_start < position:
         spans.append(Span(run_start, position, run_style))
+    if trusted:
+        return trusted_text("".join(plain), spans)
     return Text("".join(plain), spans=spans)
 
 
