@@ -35,6 +35,7 @@ from fakes_tui import (
 )
 from rich.console import Console
 from rich.segment import Segment
+from rich.text import Text
 from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Markdown
@@ -727,6 +728,41 @@ async def test_a_refresh_with_nothing_new_repaints_nothing() -> None:
         app.refresh_view()  # the clock is frozen and nothing arrived
         await pilot.pause()
         assert repaints == []
+
+
+async def test_a_changed_line_repaints_its_whole_row_border_and_padding_included() -> None:
+    """A panel refreshes the rows of the lines that changed, across its whole width:
+    Textual crops every line it renders again to the dirty region, and a region as wide
+    as the content alone made it crop each changed line (a fifth of what they cost)."""
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot, source, live_run(NOW))
+        panel = app.cpu
+        width = panel.content_size.width
+        lines = [line.copy() for line in panel.lines(width)]
+        assert len(lines) > 3
+        regions: list[Region] = []
+        refresh = panel.refresh
+
+        def spying(*dirty: Region, **kwargs: bool) -> Panel:
+            regions.extend(dirty)
+            return refresh(*dirty, **kwargs)
+
+        panel.refresh = spying  # type: ignore[method-assign]
+        changed = [line.copy() for line in lines]
+        changed[2] = Text("a line that changed")
+        panel.build = lambda width: [line.copy() for line in changed]  # type: ignore[method-assign]
+        panel._shown = object()
+        panel.changed()
+        offset = panel.content_offset
+        assert offset.x > 0  # a border and padding on the left
+        assert [region.translate(offset) for region in regions] == [
+            Region(0, offset.y + 2, panel.outer_size.width, 1)
+        ]
+        assert panel._styles_cache.is_dirty(offset.y + 2)
+        await pilot.pause()
+        rows = ["".join(char for char, _ in row) for row in screen_cells(app)]
+        assert "a line that changed" in rows[panel.region.y + offset.y + 2]
 
 
 async def test_routine_data_waits_for_the_refresh_a_new_run_does_not() -> None:

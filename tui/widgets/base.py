@@ -336,8 +336,14 @@ class Panel(Widget):
         if not dirty:  # keep what is on screen
             self._lines, self._strips_key = old, old_strips_key
             return
-        width = self.size.width
-        self.refresh(*(Region(0, first, width, last - first + 1) for first, last in _runs(dirty)))
+        # Whole rows, border and padding included: the region is relative to the content,
+        # so it starts at minus the content's left offset. A region as wide as the content
+        # alone made Textual crop each line it rendered again to it: a fifth of what those
+        # lines cost it (the CPU grid's 10 lines 570 us against 701, alternated).
+        left, width = self.content_offset.x, self.outer_size.width
+        self.refresh(
+            *(Region(-left, first, width, last - first + 1) for first, last in _runs(dirty))
+        )
 
     def set_border_title(self, title: str) -> None:
         """Setting ``border_title`` repaints even when it is the same: only set changes."""
