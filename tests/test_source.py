@@ -291,6 +291,34 @@ def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -
         assert got.emits - emits_before <= 3
 
 
+def test_a_gathering_source_reads_a_backlog_without_waiting_between_reads() -> None:
+    """A read that took as many messages as one read takes (transport's 1000) left more
+    behind: waiting ``gather_s`` before the next one caps the source at 1000 messages per
+    gather (2,000 a second at the default refresh, against 3,000 from 512 ranks through
+    relays), and the screen then falls further behind every second."""
+    got = Collected()
+    pub = Publisher("tcp://127.0.0.1:*", send_hwm=100_000)
+    src = ZmqSource(
+        [pub.endpoint],
+        discover=False,
+        local_sampler=False,
+        gather_s=source_module.gather_for(DEFAULT_REFRESH_HZ),
+    )
+    src.start(got)
+    try:
+        assert delivered(pub, got, "joined")
+        burst = [encode(marker(f"b{i}")) for i in range(4000)]  # 64 late replays' worth
+        for frames in burst:
+            pub.send(frames)
+        sent = time.monotonic()
+        assert until(lambda: any(m.name == "b3999" for m in got.messages()[-50:]))  # type: ignore[attr-defined]
+        # 4 reads: 1.5 s and more when each waits the gather (0.5 s) first; ~0.1 s here.
+        assert time.monotonic() - sent < 1.0
+    finally:
+        src.stop()
+        pub.close()
+
+
 def test_stop_ends_a_gathering_source_at_once() -> None:
     with gathering(60.0, Collected()) as (_pub, src):  # it now waits 60 s to read again
         thread = src._thread

@@ -38,6 +38,10 @@ IDLE_POLL_S = 1.0
 # 0.11-0.15 % of a core against 0.18), and a message is on screen at most half a
 # refresh later than it would be.
 GATHER_MAX_S = 0.5
+# The most messages one read takes. A read that took this many left more behind: the
+# next one comes at once, not after the gather (which would cap the source at READ_MAX
+# messages per gather, 2,000 a second at the default refresh, and let a backlog grow).
+READ_MAX = 1000
 DISCOVER_EVERY_S = 1.0
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
 BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
@@ -101,7 +105,7 @@ class ZmqSource(ThreadSource):
         self._last_foreign_host_sample = 0.0
         self._last_error: dict[str, float] = {}
         self._local_hello_sent = False
-        self._read_messages = False  # in the last iteration
+        self._read_messages = False  # in the last iteration, and fewer than READ_MAX
         while not self._stop.is_set():
             try:
                 self._iteration(sub, events)
@@ -120,12 +124,12 @@ class ZmqSource(ThreadSource):
         """One poll: read what arrived, rediscover, sample this host when nobody does.
         The duties are timed from one clock reading taken after the wait (up to
         IDLE_POLL_S), so that those due together come in one wake-up."""
-        received = sub.receive(self._poll_s(time.monotonic()))
+        received = sub.receive(self._poll_s(time.monotonic()), READ_MAX)
         now = time.monotonic()
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
-        self._read_messages = bool(received)
+        self._read_messages = 0 < len(received) < READ_MAX  # a full read: more wait
         for frames in received:
             event = self._decode(frames, now)
             if event is None:
