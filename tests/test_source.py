@@ -26,7 +26,7 @@ from gputop_dl.probe.messages import Hello, Message, System
 from gputop_dl.probe.protocol import encode, topic
 from gputop_dl.probe.transport import Publisher, Subscriber
 from gputop_dl.tui.cli import DEFAULT_REFRESH_HZ
-from gputop_dl.tui.events import BadInput, Received, SourceEvent
+from gputop_dl.tui.events import BadInput, EndpointState, Received, SourceEvent
 from gputop_dl.tui.source import ZmqSource
 from gputop_dl.tui.state import GONE_TEXT, RunSummary, ViewerState
 
@@ -317,6 +317,49 @@ def test_a_gathering_source_reads_a_backlog_without_waiting_between_reads() -> N
     finally:
         src.stop()
         pub.close()
+
+
+def test_a_run_discovered_while_another_streams_is_read_without_the_gather(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run just found must not wait for the gather: the busy run's messages keep the
+    source gathering, and the new run's hello (its name on screen) would come up to
+    ``gather_s`` after it was subscribed to."""
+    from gputop_dl.probe import discovery
+
+    busy, new = Publisher("tcp://127.0.0.1:*"), Publisher("tcp://127.0.0.1:*")
+    records = [discovery.Record(busy.endpoint, 1, "h", "busy", "probe", 0.0)]
+    monkeypatch.setattr(source_module.discovery, "discover", lambda: list(records))
+    found: list[float] = []
+    hello_at: list[float] = []
+
+    def emit(events: list[SourceEvent]) -> None:
+        got(events)
+        for event in events:
+            if isinstance(event, EndpointState) and event.endpoint == new.endpoint:
+                found.append(time.monotonic())
+            if isinstance(event, Received) and getattr(event.message, "name", "") == "new":
+                hello_at.append(time.monotonic())
+
+    got = Collected()
+    src = ZmqSource([], discover=True, local_sampler=False, gather_s=0.5)
+    src.start(emit)
+    try:
+        assert delivered(busy, got, "busy")
+        records.append(discovery.Record(new.endpoint, 2, "h", "new", "probe", 0.0))
+        frames, busy_frames = encode(marker("new")), encode(marker("still busy"))
+        end = time.monotonic() + DEADLINE_S
+        while not hello_at and time.monotonic() < end:
+            new.send(frames)  # as a probe's hello answers a new subscriber
+            busy.send(busy_frames)
+            time.sleep(0.01)
+        assert found and hello_at
+        # Subscribed within milliseconds: read then, not after a gather of 0.5 s.
+        assert hello_at[0] - found[0] < 0.25
+    finally:
+        src.stop()
+        busy.close()
+        new.close()
 
 
 def test_stop_ends_a_gathering_source_at_once() -> None:

@@ -43,6 +43,7 @@ GATHER_MAX_S = 0.5
 # messages per gather, 2,000 a second at the default refresh, and let a backlog grow).
 READ_MAX = 1000
 DISCOVER_EVERY_S = 1.0
+EAGER_AFTER_FOUND_S = 1.0  # messages are read as they land this long after a run is found
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
 BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
 # Sees every message's frames, undecoded, with its receive time (the recorder, issue 13).
@@ -106,6 +107,7 @@ class ZmqSource(ThreadSource):
         self._last_error: dict[str, float] = {}
         self._local_hello_sent = False
         self._read_messages = False  # in the last iteration, and fewer than READ_MAX
+        self._eager_until = 0.0  # no gather before this (monotonic): a run was just found
         while not self._stop.is_set():
             try:
                 self._iteration(sub, events)
@@ -117,8 +119,11 @@ class ZmqSource(ThreadSource):
             if events:
                 emit(events)
                 events = []
-                if self.gather_s > 0 and self._read_messages:
-                    self._stop.wait(self.gather_s)  # let the next ones gather (``stop`` ends it)
+                now = time.monotonic()
+                if self.gather_s > 0 and self._read_messages and now >= self._eager_until:
+                    # Let the next ones gather (``stop`` ends it); not for a while after
+                    # a run was found: its hello (once subscribed) makes it appear.
+                    self._stop.wait(self.gather_s)
 
     def _iteration(self, sub: Subscriber, events: list[SourceEvent]) -> None:
         """One poll: read what arrived, rediscover, sample this host when nobody does.
@@ -128,7 +133,10 @@ class ZmqSource(ThreadSource):
         now = time.monotonic()
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
-            events.extend(self._rediscover(sub, self._known))
+            found = self._rediscover(sub, self._known)
+            if any(isinstance(e, EndpointState) and e.state == "connecting" for e in found):
+                self._eager_until = now + EAGER_AFTER_FOUND_S
+            events.extend(found)
         self._read_messages = 0 < len(received) < READ_MAX  # a full read: more wait
         for frames in received:
             event = self._decode(frames, now)
