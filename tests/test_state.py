@@ -823,6 +823,21 @@ def test_hostile_sample_sizes_are_clamped_and_strings_cleaned() -> None:
     assert clean_sample(evolve(sample, interval_s=-1.0), T0) is None
 
 
+def test_a_lost_accelerators_error_text_is_cleaned() -> None:
+    """A lost GPU's or HPU's row shows its error, a string from the wire: an escape in it
+    reached the terminal (clear the screen, retitle it, a C1 CSI, a bidi override)."""
+    sample = system_sample(T0, lost=(1,), hpu_count=2)
+    evil = "x\x1b[2J\x1b]0;pwned\x07\x9b31m\u202eZ" + "y" * 1000
+    gpus = list(sample.gpus)
+    gpus[1] = evolve(gpus[1], error=evil)
+    hpus = tuple(evolve(h, state="lost", error=evil) for h in sample.hpus)
+    cleaned = clean_sample(evolve(sample, gpus=tuple(gpus), hpus=hpus), T0)
+    assert cleaned is not None
+    errors = [d.error for d in (*cleaned.gpus, *cleaned.hpus) if d.error is not None]
+    assert len(errors) == 3
+    assert all(e.isprintable() and len(e) <= 200 and e.startswith("x[2J]0;pwned") for e in errors)
+
+
 def test_a_sample_from_year_3e300_is_dropped_and_counted_not_a_crash() -> None:
     state = ViewerState(HOST)
     state.apply_all(live_run(NOW))

@@ -192,12 +192,14 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
     for name, field, limit in (
         ("gpus", "name", MAX_DEVICES),
         ("hpus", "name", MAX_DEVICES),
+        ("gpus", "error", MAX_DEVICES),  # a lost device's row shows why
+        ("hpus", "error", MAX_DEVICES),
         ("disks", "device", MAX_LIST),
         ("nets", "interface", MAX_LIST),
         ("statuses", "message", MAX_LIST),
         ("top", "name", MAX_PROCESSES),  # any user's processes: a name may be an escape
     ):
-        items = getattr(sample, name)
+        items = changes.get(name, getattr(sample, name))
         if not items:
             continue  # none reported (a node without GPUs): nothing to clean
         cleaned = _clean_named(items, field, limit)
