@@ -833,7 +833,8 @@ def test_a_lost_accelerators_error_text_is_cleaned() -> None:
     hpus = tuple(evolve(h, state="lost", error=evil) for h in sample.hpus)
     cleaned = clean_sample(evolve(sample, gpus=tuple(gpus), hpus=hpus), T0)
     assert cleaned is not None
-    errors = [d.error for d in (*cleaned.gpus, *cleaned.hpus) if d.error is not None]
+    errors = [d.error for d in cleaned.gpus if d.error is not None]
+    errors += [d.error for d in cleaned.hpus if d.error is not None]
     assert len(errors) == 3
     assert all(e.isprintable() and len(e) <= 200 and e.startswith("x[2J]0;pwned") for e in errors)
 
