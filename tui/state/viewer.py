@@ -89,7 +89,11 @@ MAX_WINDOW_RECORDS = 2 * MAX_WINDOW_STEPS  # the analyzer reads the last MAX_WIN
 ANALYZE_EVERY_S = 0.75
 OTHERS_PER_TICK = 4  # ... runs not on screen: this many a tick, those judged longest ago
 MAX_ERRORS = 20
-STALL_MIN_S = 1.0  # no step for this long (and twice the usual step) shows as a stall
+# No step for this long (and twice the usual step) shows as a stall in the graph. Longer
+# than the newest step can be old at a refresh while steps come: the probe's flush (0.5 s
+# from 100 steps/s), the source's gather (half a refresh: 0.5 s at the default) and a
+# late tick (1.0 s left ~0.2 s of margin: a review measured 0.81 s against the demo).
+STALL_MIN_S = 1.5
 LOOP_STATES = frozenset({"in-loop", "outside"})
 
 PidAlive = Callable[[int, float | None], bool]
