@@ -46,6 +46,7 @@ HANDSHAKE_S = 5.0
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks whether a peer may connect
 _MONITOR_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 ADMIT_PER_SEND = 4  # handshakes answered per send at most (wait() answers more)
+RECEIVE_MAX = 1000  # messages one receive() returns at most (more wait for the next)
 
 PRIVATE, LOOPBACK, EXPOSED = "private", "loopback", "exposed"
 NO_AUTH = "unauthenticated; run gputop keys to require CURVE keys instead"
@@ -436,7 +437,7 @@ class Subscriber:
         self.endpoints.discard(endpoint)
         self._revived.pop(endpoint, None)
 
-    def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
+    def receive(self, timeout_s: float, max_messages: int = RECEIVE_MAX) -> list[list[bytes]]:
         """Wait up to ``timeout_s`` for messages, or until :meth:`wake`; return all that
         are ready (bounded)."""
         out: list[list[bytes]] = []
@@ -758,7 +759,7 @@ class Forwarder:
             except zmq.ZMQError:
                 return
 
-    def receive(self, timeout_s: float, max_messages: int = 1000) -> list[list[bytes]]:
+    def receive(self, timeout_s: float, max_messages: int = RECEIVE_MAX) -> list[list[bytes]]:
         """Messages forwarded (``listen`` None only): all ready within ``timeout_s``."""
         out: list[list[bytes]] = []
         tap = self._tap

@@ -292,7 +292,7 @@ def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -
 
 
 def test_a_gathering_source_reads_a_backlog_without_waiting_between_reads() -> None:
-    """A read that took as many messages as one read takes (transport's 1000) left more
+    """A read that took as many messages as one read takes (transport.RECEIVE_MAX) left more
     behind: waiting ``gather_s`` before the next one caps the source at 1000 messages per
     gather (2,000 a second at the default refresh, against 3,000 from 512 ranks through
     relays), and the screen then falls further behind every second."""

@@ -14,7 +14,7 @@ from typing import Any
 from gputop_dl.probe import discovery
 from gputop_dl.probe.messages import Hello, Message, System
 from gputop_dl.probe.protocol import IncompatibleVersion, ProtocolError, decode, encode
-from gputop_dl.probe.transport import Subscriber, TransportError
+from gputop_dl.probe.transport import RECEIVE_MAX, Subscriber, TransportError
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui.events import (
     BadInput,
@@ -38,10 +38,6 @@ IDLE_POLL_S = 1.0
 # 0.11-0.15 % of a core against 0.18), and a message is on screen at most half a
 # refresh later than it would be.
 GATHER_MAX_S = 0.5
-# The most messages one read takes. A read that took this many left more behind: the
-# next one comes at once, not after the gather (which would cap the source at READ_MAX
-# messages per gather, 2,000 a second at the default refresh, and let a backlog grow).
-READ_MAX = 1000
 DISCOVER_EVERY_S = 1.0
 EAGER_AFTER_FOUND_S = 1.0  # messages are read as they land this long after a run is found
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
@@ -106,7 +102,11 @@ class ZmqSource(ThreadSource):
         self._last_foreign_host_sample = 0.0
         self._last_error: dict[str, float] = {}
         self._local_hello_sent = False
-        self._read_messages = False  # in the last iteration, and fewer than READ_MAX
+        # Messages read in the last iteration, and fewer than one read takes: a full read
+        # left more behind, and the next one comes at once, not after the gather (which
+        # would cap the source at RECEIVE_MAX messages a gather, 2,000 a second at the
+        # default refresh, and let a backlog grow).
+        self._read_messages = False
         self._eager_until = 0.0  # no gather before this (monotonic): a run was just found
         while not self._stop.is_set():
             try:
@@ -129,15 +129,12 @@ class ZmqSource(ThreadSource):
         """One poll: read what arrived, rediscover, sample this host when nobody does.
         The duties are timed from one clock reading taken after the wait (up to
         IDLE_POLL_S), so that those due together come in one wake-up."""
-        received = sub.receive(self._poll_s(time.monotonic()), READ_MAX)
+        received = sub.receive(self._poll_s(time.monotonic()))
         now = time.monotonic()
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
-            found = self._rediscover(sub, self._known)
-            if any(isinstance(e, EndpointState) and e.state == "connecting" for e in found):
-                self._eager_until = now + EAGER_AFTER_FOUND_S
-            events.extend(found)
-        self._read_messages = 0 < len(received) < READ_MAX  # a full read: more wait
+            events.extend(self._rediscover(sub, self._known))
+        self._read_messages = 0 < len(received) < RECEIVE_MAX
         for frames in received:
             event = self._decode(frames, now)
             if event is None:
@@ -228,6 +225,8 @@ class ZmqSource(ThreadSource):
             if endpoint not in known and endpoint not in self.endpoints:
                 known[endpoint] = record.name
                 events.append(self._connect(sub, endpoint, record.name))
+                # Its hello (once subscribed) puts it on screen: read it as it lands.
+                self._eager_until = time.monotonic() + EAGER_AFTER_FOUND_S
         for endpoint in list(known):
             if endpoint not in records:
                 name = known.pop(endpoint)
