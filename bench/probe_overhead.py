@@ -61,12 +61,18 @@ publisher's parts switched off one by one in children of 20,000 steps, 4-7 a rou
 ``in_one_process`` then runs the three loops in ONE probe process: 100-step blocks in a
 shuffled order, back to back (1,000-step blocks until 2026-11-27: four times the
 spread), each loop one pass taken a block at a time; the training thread's CPU is read
-per block, and the publisher and zmq threads' CPU is added per
-watched step, charged by time: their CPU over the run less their CPU per second without
-steps (measured after it) over the time the bare and floor blocks ran, since in a
-training that per-second work is spread over the watched steps alone (the whole run's
-is printed too; charging all of it to a third of the run's time overstated the
-`DataLoader` figure by ~0.3 us a step, the list's by ~0.1). An earlier design idled
+per block. The probe's other threads are read after the rounds, in a pass of watched
+steps alone (10 s), as a training runs every step watched: the publisher's and zmq's CPU
+from before it until its last steps were sent, less their per-second work over the
+flush's wait, per step of it; the node sampler's CPU a second over the whole child (its
+work follows the clock, not the steps: a sample a second, a walk of /proc every few)
+over that pass's steps a second. Until 2026-11-27, 20:00 UTC (stop 39) they were charged
+by time over the rounds instead: their CPU less their per-second work without steps over
+the time the bare and floor blocks ran (still printed). But the publisher wakes at the
+watched steps' pace through the bare and floor blocks too, and the fixed cost of each
+wake-up and drain (its wait, the sends, the history's upkeep: ~0.4 ms, two a second)
+fell on a third of the steps a training spreads it over: 0.25-0.75 us a step where the
+pass alone gives 0.35-0.37 (2026-11-27, stop 39; docs/measurements.md). An earlier design idled
 20 ms after every block so that each block's publisher work could be read with it: every
 loop then paid a cold start, the floor 1.4-3.0 us a step (0.10-0.12 back to back), which
 made the probe's cost look 1-2 us dearer.
@@ -207,6 +213,7 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
 STEPS = int(sys.argv[2])
 ADDITIONS = int(sys.argv[4])
 IDLE_S = 5.0  # per-second work read over this: it covers the sampler's walk of /proc
+WATCHED_ALONE_S = 10.0  # the probe's pass alone after the rounds (see blocks)
 make_batches = make_dataloader if sys.argv[3] == "dataloader" else make_list
 SAMPLES = 32 if sys.argv[3] == "known" else None  # None: the probe counts each batch
 
@@ -237,12 +244,12 @@ def at_depth(depth, loop):
 # order, back to back as a training runs them, the training thread's CPU read per block.
 # Each loop is one pass over ROUNDS blocks, taken a block at a time (islice for all
 # three), so a watched block holds no loop entry or exit. The publisher works at its own
-# pace meanwhile. Its thread's CPU and zmq's over the whole run is printed per watched
-# step twice: all of it, and charged by time (the run less what they take per second
-# without steps, measured after the run beside the same busy loop, over the time the
-# bare and floor blocks ran:
-# in a training, that per-second work is spread over its steps alone). Then the
-# per-round differences of the training thread from the bare block, and the bare steps.
+# pace meanwhile. The other threads' CPU a watched step is printed three ways: all of
+# the rounds', charged by time (the rounds' less what they take per second without
+# steps, measured after beside the same busy loop, over the time the bare and floor
+# blocks ran), and in a pass of watched steps alone after the rounds (see there: the
+# figure). Then the per-round differences of the training thread from the bare block,
+# and the bare steps.
 def publishing(ns_by_thread, names=("publisher", "sampler"), zmq=True):  # zmq's I/O threads
     return sum(
         v for k, v in ns_by_thread.items() if k in names or (zmq and k.startswith("ZMQ"))
@@ -256,11 +263,12 @@ def blocks(rounds):
     print(p.endpoint, flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
-    def one_pass(loop):
-        return iter(loop(make_batches(STEPS * rounds)))
+    def one_pass(loop, steps=STEPS * rounds):
+        return iter(loop(make_batches(steps)))
     passes = {
         "bare": one_pass(lambda b: b),
-        "probe": one_pass(lambda b: p.watch(b, samples=SAMPLES)),
+        # and the watched-alone phase's steps after the rounds' (see below)
+        "probe": one_pass(lambda b: p.watch(b, samples=SAMPLES), 2 * STEPS * rounds),
         "floor": one_pass(two_clock_reads),
     }
     main = {name: [] for name in passes}
@@ -283,6 +291,28 @@ def blocks(rounds):
     assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
     after = threads()
     unwatched_s = time.perf_counter() - w_start - watched_s
+    # Then the probe's pass alone for WATCHED_ALONE_S, every step watched as in a
+    # training: the background threads' CPU from before it until its last steps were
+    # sent, less their per-second work (read below) over the wait for that flush, per
+    # step of it. In the rounds the publisher wakes at the pace of watched steps also
+    # through the bare and floor blocks, and the fixed cost of each wake-up and drain
+    # (its wait, the sends, the history's upkeep: ~0.4 ms) falls on a third of the steps
+    # a training would spread it over.
+    alone = 0
+    alone_start = time.perf_counter()
+    alone_end = alone_start + WATCHED_ALONE_S
+    for _ in passes["probe"]:
+        work()
+        alone += 1
+        if alone % 100 == 0 and time.perf_counter() >= alone_end:
+            break
+    alone_s = time.perf_counter() - alone_start
+    p._publisher.wake()
+    flush_start = time.perf_counter()
+    time.sleep(1.0)
+    assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
+    flush_s = time.perf_counter() - flush_start
+    alone_after = threads()
     # The threads' work per second without steps, beside a busy training thread as in
     # the bare and floor blocks: a wake-up then has to take the GIL from it, which costs
     # more than idle (measured asleep, it charged the watched steps the difference over
@@ -291,13 +321,31 @@ def blocks(rounds):
     while time.perf_counter() < idle_end:
         work()
     idle = threads()
+    idle_at = time.perf_counter()
     p.close()
+    def per_second(names, zmq=True):
+        return (publishing(idle, names, zmq) - publishing(alone_after, names, zmq)) / IDLE_S
     def by_time(names, zmq=True):  # the run's CPU less its per-second work unwatched
-        ns_per_s = (publishing(idle, names, zmq) - publishing(after, names, zmq)) / IDLE_S
         run_ns = publishing(after, names, zmq) - publishing(before, names, zmq)
-        return (run_ns - ns_per_s * unwatched_s) / (rounds * STEPS) / 1e3
+        return (run_ns - per_second(names, zmq) * unwatched_s) / (rounds * STEPS) / 1e3
+    def watched_alone():  # the publisher's and zmq's CPU in the phase less the flush's wait
+        names = ("publisher",)
+        run_ns = publishing(alone_after, names) - publishing(after, names)
+        return (run_ns - per_second(names) * flush_s) / alone / 1e3
+    # The node sampler's work does not follow the steps (one sample a second, a walk of
+    # /proc every few): its CPU a second over the whole child, beside the busy loop
+    # throughout, over the steps a second of the phase (a 10 s window holds two walks,
+    # or one: it moved the phase's own reading by 0.3 us a step).
+    sampler = ("sampler",)
+    sampler_ns_per_s = (
+        publishing(idle, sampler, False) - publishing(before, sampler, False)
+    ) / (idle_at - w_start)
+    sampler_alone = sampler_ns_per_s / (alone / alone_s) / 1e3
     whole = (publishing(after) - publishing(before)) / (rounds * STEPS) / 1e3
-    print(whole, by_time(("publisher", "sampler")), by_time(("sampler",), zmq=False))
+    print(
+        whole, by_time(("publisher", "sampler")), by_time(sampler, zmq=False),
+        watched_alone() + sampler_alone, sampler_alone, alone,
+    )
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))
     print(*(b / STEPS * 1e6 for b in main["bare"]), flush=True)
@@ -634,18 +682,26 @@ def in_one_process(kind: str, rounds: int = 1_500, steps: int = 100) -> None:
     reader.join()
     assert child.returncode == 0 and received > 0, "the child failed or sent nothing"
     lines = output[0].splitlines()[-4:]
-    whole_run_us, others_us, sampler_us = (float(x) for x in lines[0].split())
+    whole_run_us, others_us, sampler_us, alone_us, alone_sampler_us, alone_steps = (
+        float(x) for x in lines[0].split()
+    )
     main_us, floor_us, bare_us = ([float(x) for x in line.split()] for line in lines[1:])
     print(f"the same in one process, over {KINDS[kind]}")
     print(
         f"{rounds} rounds of {steps}-step blocks (bare, probe, floor, shuffled, back to back)"
         f" of {ADDITIONS} additions; bare step {statistics.median(bare_us):.1f} us"
     )
-    print(f"  whole-process CPU, all threads, flushed: {spread([m + others_us for m in main_us])}")
+    print(f"  whole-process CPU, all threads, flushed: {spread([m + alone_us for m in main_us])}")
     print(f"  of which the training thread's CPU:      {spread(main_us)}")
     print(
-        f"  of which the publisher, sampler and zmq: {others_us:.2f} us"
-        f" (charged by time; {whole_run_us:.2f} all of the run's), the sampler {sampler_us:.2f}"
+        f"  of which the publisher, sampler and zmq: {alone_us:.2f} us"
+        f" (a pass of watched steps alone, {alone_steps:,.0f} steps), the sampler"
+        f" {alone_sampler_us:.2f}"
+    )
+    print(
+        f"  (charged by time over the rounds instead: {others_us:.2f} us, the sampler"
+        f" {sampler_us:.2f}; {whole_run_us:.2f} all of the run's: the whole figure"
+        f" {statistics.median([m + others_us for m in main_us]):.2f})"
     )
     print(f"  floor, two clock reads around next():  {spread(floor_us)}")
 
