@@ -71,10 +71,12 @@ by time over the rounds instead: their CPU less their per-second work without st
 the time the bare and floor blocks ran (still printed). But the publisher wakes at the
 watched steps' pace through the bare and floor blocks too, and the fixed cost of each
 wake-up and drain (its wait, the sends, the history's upkeep: ~0.4 ms, two a second)
-fell on a third of the steps a training spreads it over: 0.25-0.75 us a step where the
-pass alone gives 0.35-0.37 (2026-11-27, stop 39; docs/measurements.md). An earlier design idled
-20 ms after every block so that each block's publisher work could be read with it: every
-loop then paid a cold start, the floor 1.4-3.0 us a step (0.10-0.12 back to back), which
+fell on a third of the steps a training spreads it over; and the sampler's share came out
+at -0.30 to 0.32 us a step from run to run. In six runs of 2026-11-27 (stop 39) that
+charge gave the three threads 0.04-0.65 us a step, the pass alone 0.32-0.49, of it the
+sampler 0.15-0.21 (docs/measurements.md). An earlier design idled 20 ms after every
+block so that each block's publisher work could be read with it: every loop then paid a
+cold start, the floor 1.4-3.0 us a step (0.10-0.12 back to back), which
 made the probe's cost look 1-2 us dearer.
 
 Since 2026-11-26 ``watch`` leaves a pass, after its first few steps, to C iterators
@@ -334,8 +336,8 @@ def blocks(rounds):
         return (run_ns - per_second(names) * flush_s) / alone / 1e3
     # The node sampler's work does not follow the steps (one sample a second, a walk of
     # /proc every few): its CPU a second over the whole child, beside the busy loop
-    # throughout, over the steps a second of the phase (a 10 s window holds two walks,
-    # or one: it moved the phase's own reading by 0.3 us a step).
+    # throughout, over the steps a second of the phase. (Read over a 5 s phase, which
+    # holds one walk or none, it came out at 0.61 us a step where this gives 0.15-0.21.)
     sampler = ("sampler",)
     sampler_ns_per_s = (
         publishing(idle, sampler, False) - publishing(before, sampler, False)
