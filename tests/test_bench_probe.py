@@ -31,6 +31,8 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
         "of which publisher thread (loop)",
         "of which node sampler (loop)",
         "of which the publisher, sampler and zmq",
+        "a pass of watched steps alone",
+        "charged by time over the rounds instead",
         "the same in one process",
         "at once on CPU",
     ):
@@ -38,6 +40,10 @@ def test_the_probe_cost_bench_runs_its_children_and_reports_every_figure(
     # Every figure is a number (a child that failed would leave none, or a nan).
     medians = re.findall(r"median (-?\d+\.\d+) us", out)
     assert len(medians) >= 15 and "nan" not in out
+    # The other threads are read over watched steps alone: some ran (the pass outlasts
+    # the rounds' blocks).
+    (alone,) = re.findall(r"a pass of watched steps alone, ([\d,]+) steps", out)
+    assert int(alone.replace(",", "")) > 0
 
 
 def test_the_window_bench_reports_each_kind_from_children_held_to_one_window(
