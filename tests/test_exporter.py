@@ -94,6 +94,15 @@ def training() -> Iterator[str]:
     proc.wait()
 
 
+SCRAPED_FAMILIES = (
+    "gputop_run_samples_per_second",
+    "gputop_run_data_wait_ratio",
+    "gputop_node_cpu_cores",
+    "gputop_node_cpu_busy_ratio",
+    "gputop_node_memory_total_bytes",
+)
+
+
 def test_a_real_scrape_carries_the_run_its_verdict_and_the_node(training: str) -> None:
     proc = exporter("--listen", "127.0.0.1:0", training)
     try:
@@ -103,7 +112,11 @@ def test_a_real_scrape_carries_the_run_its_verdict_and_the_node(training: str) -
         while time.monotonic() < deadline:
             fams = scrape(url)
             verdicts = [s for s in fams.get("gputop_run_verdict", []) if s.value == 1]
-            if verdicts and verdicts[0].labels["gputop_run_verdict"] != "warming-up":
+            # The verdict can come from the first steps before the first throughput
+            # bucket closes (the rate is unknown until then, and not exported), and before
+            # the first node sample: wait for every family read below.
+            present = all(fams.get(family) for family in SCRAPED_FAMILIES)
+            if present and verdicts and verdicts[0].labels["gputop_run_verdict"] != "warming-up":
                 break
             time.sleep(0.5)
         (info,) = fams["gputop_run_info"]
