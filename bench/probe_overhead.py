@@ -327,13 +327,15 @@ def blocks(rounds):
     p.close()
     def per_second(names, zmq=True):
         return (publishing(idle, names, zmq) - publishing(alone_after, names, zmq)) / IDLE_S
-    def by_time(names, zmq=True):  # the run's CPU less its per-second work unwatched
-        run_ns = publishing(after, names, zmq) - publishing(before, names, zmq)
-        return (run_ns - per_second(names, zmq) * unwatched_s) / (rounds * STEPS) / 1e3
-    def watched_alone():  # the publisher's and zmq's CPU in the phase less the flush's wait
-        names = ("publisher",)
-        run_ns = publishing(alone_after, names) - publishing(after, names)
-        return (run_ns - per_second(names) * flush_s) / alone / 1e3
+    # The threads' CPU from start to end less their per-second work without steps over
+    # idle_s, in us a step.
+    def charged(start, end, names, idle_s, steps, zmq=True):
+        run_ns = publishing(end, names, zmq) - publishing(start, names, zmq)
+        return (run_ns - per_second(names, zmq) * idle_s) / steps / 1e3
+    def by_time(names, zmq=True):  # the rounds less their unwatched blocks' time
+        return charged(before, after, names, unwatched_s, rounds * STEPS, zmq)
+    # The publisher's and zmq's CPU in the pass alone, less the flush's wait.
+    watched_alone = charged(after, alone_after, ("publisher",), flush_s, alone)
     # The node sampler's work does not follow the steps (one sample a second, a walk of
     # /proc every few): its CPU a second over the whole child, beside the busy loop
     # throughout, over the steps a second of the phase. (Read over a 5 s phase, which
@@ -346,7 +348,7 @@ def blocks(rounds):
     whole = (publishing(after) - publishing(before)) / (rounds * STEPS) / 1e3
     print(
         whole, by_time(("publisher", "sampler")), by_time(sampler, zmq=False),
-        watched_alone() + sampler_alone, sampler_alone, alone,
+        watched_alone + sampler_alone, sampler_alone, alone,
     )
     for name in ("probe", "floor"):
         print(*((a - b) / STEPS * 1e6 for a, b in zip(main[name], main["bare"])))

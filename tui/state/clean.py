@@ -165,16 +165,21 @@ def clean_hello(hello: Hello, received: float) -> Hello | None:
     return evolve(hello, **changes) if changes else hello
 
 
-def _clean_named(items: tuple[T, ...], field: str, limit: int) -> tuple[T, ...]:
-    """At most ``limit`` items, each with its ``field`` string safe to show."""
+def _clean_named(items: tuple[T, ...], fields: tuple[str, ...], limit: int) -> tuple[T, ...]:
+    """At most ``limit`` items, each with its ``fields`` strings safe to show."""
     items = items[:limit]
-    values = [getattr(item, field) for item in items]
+    values = [getattr(item, field) for item in items for field in fields]
     if all(value is None or value.isprintable() for value in values):
         return items
     return tuple(
-        evolve(item, **{field: clean_text(value)})
-        if (value := getattr(item, field)) is not None
-        else item
+        evolve(
+            item,
+            **{
+                field: clean_text(value)
+                for field in fields
+                if (value := getattr(item, field)) is not None
+            },
+        )
         for item in items
     )
 
@@ -189,25 +194,24 @@ def clean_sample(sample: SystemSample, received: float) -> SystemSample | None:
         changes["host"] = clean_text(sample.host)
     if sample.cpu is not None and len(sample.cpu.cores) > MAX_CORES:
         changes["cpu"] = evolve(sample.cpu, cores=sample.cpu.cores[:MAX_CORES])
-    for name, field, limit in (
-        ("gpus", "name", MAX_DEVICES),
-        ("hpus", "name", MAX_DEVICES),
-        ("gpus", "error", MAX_DEVICES),  # a lost device's row shows why
-        ("hpus", "error", MAX_DEVICES),
-        ("disks", "device", MAX_LIST),
-        ("nets", "interface", MAX_LIST),
-        ("statuses", "message", MAX_LIST),
-        ("top", "name", MAX_PROCESSES),  # any user's processes: a name may be an escape
+    devices = ("name", "error")  # a lost device's row shows why it was lost
+    for name, fields, limit in (
+        ("gpus", devices, MAX_DEVICES),
+        ("hpus", devices, MAX_DEVICES),
+        ("disks", ("device",), MAX_LIST),
+        ("nets", ("interface",), MAX_LIST),
+        ("statuses", ("message",), MAX_LIST),
+        ("top", ("name",), MAX_PROCESSES),  # any user's processes: a name may be an escape
     ):
-        items = changes.get(name, getattr(sample, name))
+        items = getattr(sample, name)
         if not items:
             continue  # none reported (a node without GPUs): nothing to clean
-        cleaned = _clean_named(items, field, limit)
+        cleaned = _clean_named(items, fields, limit)
         if cleaned is not items:
             changes[name] = cleaned
     processes = sample.processes
     if processes is not None:
-        kept = _clean_named(processes.processes, "name", MAX_PROCESSES)
+        kept = _clean_named(processes.processes, ("name",), MAX_PROCESSES)
         if kept is not processes.processes:
             changes["processes"] = evolve(processes, processes=kept)
     if sample.top_time is not None and not (
