@@ -811,14 +811,31 @@ def test_real_cgroup_reads() -> None:
 # --------------------------------------------------------------------------- cost
 
 
-def test_sample_is_cheap() -> None:
+# What a sample costs is measured in bench/sampler_cost.py, not asserted here by a timer.
+# This checks what bounds it: a host sample reads a few whole kernel files, each once, and
+# never a process's (the process table's walk of /proc has its own, spaced schedule).
+MAX_HOST_FILES = 24  # 15 here: 9 counters, 3 pressure files, 3 cgroup levels and more
+
+
+def test_a_host_sample_reads_a_few_kernel_files_and_no_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gputop_dl.probe.collectors import procfs
+
     hc = HostCollector(data_path=str(REPO))
-    hc.sample()
-    costs = []
-    for _ in range(30):
-        t0 = time.process_time()
-        hc.sample()
-        costs.append(time.process_time() - t0)
-    costs.sort()
-    # Goal is <= 2 ms; allow 10 ms for a slow, shared CI VM.
-    assert costs[len(costs) // 2] < 0.010, costs
+    hc.sample()  # the first one finds the data device, the cgroup, the pressure files
+    read: list[str] = []
+    listed: list[str] = []
+    for name in ("read_bytes", "read_single"):
+        real = getattr(procfs, name)
+        monkeypatch.setattr(
+            procfs, name, lambda path, _real=real, **k: (read.append(path), _real(path, **k))[1]
+        )
+    real_list = procfs.list_dir
+    monkeypatch.setattr(procfs, "list_dir", lambda path: (listed.append(path), real_list(path))[1])
+    reading = hc.sample()
+    assert reading.cpu is not None and reading.memory is not None  # it did sample
+    assert "/proc/stat" in read and "/proc/meminfo" in read, read
+    assert len(read) == len(set(read)) <= MAX_HOST_FILES, read
+    assert not listed, listed
+    assert not [p for p in read if p.split("/")[2:3] and p.split("/")[2].isdigit()], read
