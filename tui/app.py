@@ -279,9 +279,17 @@ class GputopApp(App[None]):
 
     # ---------------------------------------------------------------- data out
 
+    def _screens_gone(self) -> bool:
+        """True once the app is shutting down: Textual removes its screens before it stops
+        its timers and callbacks, and a refresh then would raise ScreenStackError (a
+        traceback on quit, or an exit code of 1)."""
+        return not self.screen_stack
+
     def refresh_view(self) -> None:
         """Apply what arrived, recompute time-dependent state and, unless paused, redraw
         the panels (each only if what it shows changed)."""
+        if self._screens_gone():
+            return
         self._apply_inbox()
         self.state.tick(self.clock())
         self._wake_for_any = not self.state.has_probe or self.refresh_hz <= 0
@@ -346,6 +354,8 @@ class GputopApp(App[None]):
         form leave, and scroll beyond that (a container of automatic height would
         instead push the bottom panels off the screen, out of the scroll's reach). A
         row under them says what is below the fold whenever they scroll."""
+        if self._screens_gone():
+            return
         room: int | None = None
         if self.screen.has_class("-short"):
             above = (self.header, self.status, self.banner)
@@ -372,7 +382,7 @@ class GputopApp(App[None]):
 
     def _update_more(self) -> None:
         """Name the panels whose titles are below the fold."""
-        if not self.more.display:
+        if self._screens_gone() or not self.more.display:
             return
         panels = self.panels
         bottom = panels.scroll_y + panels.scrollable_content_region.height
