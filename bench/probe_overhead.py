@@ -288,9 +288,13 @@ def blocks(rounds):
             main[name].append(time.thread_time() - m0)
             if name == "probe":
                 watched_s += time.perf_counter() - w0
-    p._publisher.wake()
-    time.sleep(1.0)  # the last steps drained, encoded and sent
-    assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
+    def flushed():  # wake the publisher, wait for the last steps to be sent: the wait, s
+        p._publisher.wake()
+        start = time.perf_counter()
+        time.sleep(1.0)
+        assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
+        return time.perf_counter() - start
+    flushed()
     after = threads()
     unwatched_s = time.perf_counter() - w_start - watched_s
     # Then the probe's pass alone for WATCHED_ALONE_S, every step watched as in a
@@ -309,11 +313,7 @@ def blocks(rounds):
         if alone % 100 == 0 and time.perf_counter() >= alone_end:
             break
     alone_s = time.perf_counter() - alone_start
-    p._publisher.wake()
-    flush_start = time.perf_counter()
-    time.sleep(1.0)
-    assert not p._steps and all(s.taken == s.complete() for s in p._segments), "not drained"
-    flush_s = time.perf_counter() - flush_start
+    flush_s = flushed()
     alone_after = threads()
     # The threads' work per second without steps, beside a busy training thread as in
     # the bare and floor blocks: a wake-up then has to take the GIL from it, which costs

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -826,13 +828,17 @@ def test_a_host_sample_reads_a_few_kernel_files_and_no_process(
     hc.sample()  # the first one finds the data device, the cgroup, the pressure files
     read: list[str] = []
     listed: list[str] = []
-    for name in ("read_bytes", "read_single"):
-        real = getattr(procfs, name)
-        monkeypatch.setattr(
-            procfs, name, lambda path, _real=real, **k: (read.append(path), _real(path, **k))[1]
-        )
-    real_list = procfs.list_dir
-    monkeypatch.setattr(procfs, "list_dir", lambda path: (listed.append(path), real_list(path))[1])
+
+    def logged(real: Callable[..., Any], paths: list[str]) -> Callable[..., Any]:
+        def call(path: str, **kwargs: Any) -> Any:
+            paths.append(path)
+            return real(path, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(procfs, "read_bytes", logged(procfs.read_bytes, read))
+    monkeypatch.setattr(procfs, "read_single", logged(procfs.read_single, read))
+    monkeypatch.setattr(procfs, "list_dir", logged(procfs.list_dir, listed))
     reading = hc.sample()
     assert reading.cpu is not None and reading.memory is not None  # it did sample
     assert "/proc/stat" in read and "/proc/meminfo" in read, read

@@ -249,16 +249,49 @@ def test_a_probe_killed_with_sigkill_is_shown_gone_within_three_seconds(tick_s: 
             proc.wait()
 
 
-class CountedEmits(Collected):
-    """Also counts the source's hand-overs (each one a wake-up of the viewer's queue)."""
+Entry = tuple[str, "list[SourceEvent] | float"]
+
+
+class ReadLog(Collected):
+    """The source's hand-overs (each one a wake-up of the viewer's queue) and, with
+    :class:`LoggedStop`, its gather waits, in the order they came: ``("read", events)``,
+    ``("gather", seconds)``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.emits = 0
+        self.log: list[Entry] = []
 
     def __call__(self, events: list[SourceEvent]) -> None:
-        self.emits += 1
+        self.log.append(("read", events))
         super().__call__(events)
+
+    @property
+    def emits(self) -> int:
+        return sum(1 for what, _ in list(self.log) if what == "read")
+
+    def reads(self) -> list[tuple[int, list[SourceEvent]]]:
+        """(position in the log, events) of each hand-over."""
+        return [(i, e) for i, (what, e) in enumerate(list(self.log)) if isinstance(e, list)]
+
+    def gathers_in(self, start: int, end: int) -> int:
+        return sum(1 for what, _ in self.log[start:end] if what == "gather")
+
+    def summary(self) -> list[tuple[str, float]]:
+        """The log with each hand-over's size for its events (for a failure's message)."""
+        return [(w, len(e) if isinstance(e, list) else e) for w, e in list(self.log)]
+
+
+class LoggedStop(threading.Event):
+    """The source's stop event, logging each wait into ``log`` (the source's thread only
+    waits on it for the gather and after a fault)."""
+
+    def __init__(self, log: list[Entry]) -> None:
+        super().__init__()
+        self._log = log
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._log.append(("gather", timeout if timeout is not None else -1.0))
+        return super().wait(timeout)
 
 
 @contextlib.contextmanager
@@ -276,7 +309,7 @@ def gathering(gather_s: float, got: Collected) -> Iterator[tuple[Publisher, ZmqS
 
 
 def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -> None:
-    got = CountedEmits()
+    got = ReadLog()
     with gathering(0.4, got) as (pub, _src):
         emits_before = got.emits
         names = [f"m{i}" for i in range(30)]
@@ -289,32 +322,6 @@ def test_a_gathering_source_takes_a_stream_in_few_wake_ups_and_loses_nothing() -
         # Read every 0.4 s at most: 0.6 s of stream is taken in 3 reads or fewer (30 with
         # a read per message).
         assert got.emits - emits_before <= 3
-
-
-class ReadLog(Collected):
-    """The source's hand-overs and gather waits, in the order they came: ``("read", n)``
-    for a hand-over of n events, ``("gather", seconds)`` for a wait before the next read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.log: list[tuple[str, float]] = []
-
-    def __call__(self, events: list[SourceEvent]) -> None:
-        self.log.append(("read", len(events)))
-        super().__call__(events)
-
-
-class LoggedStop(threading.Event):
-    """The source's stop event, logging each wait into ``log`` (the source's thread only
-    waits on it for the gather and after a fault)."""
-
-    def __init__(self, log: list[tuple[str, float]]) -> None:
-        super().__init__()
-        self._log = log
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self._log.append(("gather", timeout if timeout is not None else -1.0))
-        return super().wait(timeout)
 
 
 def test_a_gathering_source_reads_a_backlog_without_waiting_between_reads() -> None:
@@ -348,15 +355,15 @@ def test_a_gathering_source_reads_a_backlog_without_waiting_between_reads() -> N
         pub.close()
     received = [m.name for m in got.messages() if isinstance(m, Hello) and m.name.startswith("b")]
     assert received == [f"b{i}" for i in range(4000)]  # all of them, in order
-    log, most = list(got.log), transport.RECEIVE_MAX
-    full = [i for i, (what, n) in enumerate(log) if what == "read" and n == most]
-    assert full, f"no read took {most} messages: {log}"  # else this test shows nothing
+    most = transport.RECEIVE_MAX
+    reads = got.reads()
+    full = [i for i, events in reads if len(events) == most]
+    assert full, got.summary()  # no read took RECEIVE_MAX: this test would show nothing
     for i in full:  # a full read is followed by the next read (if more was left), not a gather
-        assert i + 1 == len(log) or log[i + 1][0] == "read", log[i - 1 : i + 3]
+        assert got.gathers_in(i + 1, i + 2) == 0, got.summary()[i - 1 : i + 3]
     # ...while a read of fewer does wait the gather (a source that never gathers would pass
     # the check above)
-    partial = [i for i, (what, n) in enumerate(log) if what == "read" and 0 < n < most]
-    assert any(i + 1 < len(log) and log[i + 1][0] == "gather" for i in partial), log
+    assert any(got.gathers_in(i + 1, i + 2) for i, events in reads if len(events) < most)
 
 
 def test_a_run_discovered_while_another_streams_is_read_without_the_gather(
@@ -372,30 +379,29 @@ def test_a_run_discovered_while_another_streams_is_read_without_the_gather(
     busy, new = Publisher("tcp://127.0.0.1:*"), Publisher("tcp://127.0.0.1:*")
     records = [discovery.Record(busy.endpoint, 1, "h", "busy", "probe", 0.0)]
     monkeypatch.setattr(source_module.discovery, "discover", lambda: list(records))
-    log: list[tuple[str, float]] = []
-
-    def emit(events: list[SourceEvent]) -> None:
-        got(events)
-        for event in events:
-            if isinstance(event, EndpointState) and event.endpoint == new.endpoint:
-                log.append(("found", 0.0))
-            if isinstance(event, Received) and getattr(event.message, "name", "") == "new":
-                log.append(("hello", 0.0))
-        log.append(("read", len(events)))
-
-    got = Collected()
+    got = ReadLog()
     src = ZmqSource([], discover=True, local_sampler=False, gather_s=0.5)
-    src._stop = LoggedStop(log)
-    src.start(emit)
+    src._stop = LoggedStop(got.log)
+    src.start(got)
+
+    def first_read(holds: Callable[[SourceEvent], bool]) -> int | None:
+        return next((i for i, events in got.reads() if any(map(holds, events))), None)
+
+    def found(event: SourceEvent) -> bool:
+        return isinstance(event, EndpointState) and event.endpoint == new.endpoint
+
+    def hello(event: SourceEvent) -> bool:
+        return isinstance(event, Received) and getattr(event.message, "name", "") == "new"
+
     try:
         assert delivered(busy, got, "busy")
         frames, busy_frames = encode(marker("new")), encode(marker("still busy"))
         # The busy run alone is read in gathers once its own eager second is over.
-        assert until(lambda: ("gather", 0.5) in log, lambda: busy.send(busy_frames))
+        assert until(lambda: ("gather", 0.5) in got.log, lambda: busy.send(busy_frames))
         monkeypatch.setattr(source_module, "EAGER_AFTER_FOUND_S", DEADLINE_S)
         records.append(discovery.Record(new.endpoint, 2, "h", "new", "probe", 0.0))
         end = time.monotonic() + DEADLINE_S
-        while ("hello", 0.0) not in log and time.monotonic() < end:
+        while first_read(hello) is None and time.monotonic() < end:
             new.send(frames)  # as a probe's hello answers a new subscriber
             busy.send(busy_frames)
             time.sleep(0.01)
@@ -403,10 +409,10 @@ def test_a_run_discovered_while_another_streams_is_read_without_the_gather(
         src.stop()
         busy.close()
         new.close()
-    kinds = [what for what, _ in log]
-    assert "found" in kinds and "hello" in kinds, kinds
-    between = kinds[kinds.index("found") : kinds.index("hello")]
-    assert "gather" not in between, between  # read as it landed, not after a gather
+    subscribed, named = first_read(found), first_read(hello)
+    assert subscribed is not None and named is not None
+    # read as it landed, not after a gather
+    assert got.gathers_in(subscribed, named) == 0, got.summary()[subscribed : named + 1]
 
 
 def test_stop_ends_a_gathering_source_at_once() -> None:
