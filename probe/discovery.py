@@ -29,6 +29,7 @@ RECORD_SUFFIX = ".json"
 MAX_RECORD_BYTES = 4096  # a record is ~200 bytes; anything bigger is not ours
 MAX_RECORDS = 1024  # records read per scan; a directory stuffed with more is cut short
 PID_REUSE_SLACK_S = 2.0  # a process created this long after the record's start is another one
+PID_MAX = 4_194_304  # Linux's PID_MAX_LIMIT: no process has a larger pid
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -160,23 +161,33 @@ def unregister(pid: int) -> None:
         (directory / f"{pid}.sock").unlink(missing_ok=True)
 
 
-def _alive(record: Record) -> bool:
-    """The record's process still runs (and is the same process, not a reused pid)."""
+def process_alive(pid: int, started: float | None) -> bool:
+    """False only when process ``pid`` of this host is certainly gone, or when its pid
+    now belongs to a process created more than PID_REUSE_SLACK_S after ``started`` (Unix
+    time; None: not checked). Never signals a process group: ``pid`` <= 0 is "cannot
+    tell", True. The discovery scan and the viewer's check of local runs both ask here."""
+    if pid <= 0:
+        return True
     try:
-        os.kill(record.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass  # another user's process: it exists
+    except (OSError, OverflowError):
+        return True  # cannot tell
+    if started is None:
         return True
-    except (OverflowError, ValueError):
-        return False
     try:
         import psutil
-
-        created = psutil.Process(record.pid).create_time()
-    except Exception:  # psutil missing or the process went away meanwhile
+    except ImportError:
         return True
-    return created <= record.started + PID_REUSE_SLACK_S
+    try:
+        return bool(psutil.Process(pid).create_time() <= started + PID_REUSE_SLACK_S)
+    except psutil.NoSuchProcess:
+        return False  # gone since the signal
+    except Exception:
+        return True
 
 
 def _read_record(path: Path) -> Record:
@@ -199,7 +210,7 @@ def _read_record(path: Path) -> Record:
         role=str(data.get("role", "probe")),
         started=float(data["started"]),
     )
-    if record.pid <= 0 or not record.endpoint.startswith(("ipc://", "tcp://")):
+    if not 0 < record.pid <= PID_MAX or not record.endpoint.startswith(("ipc://", "tcp://")):
         raise ValueError("invalid pid or endpoint")
     return record
 
@@ -227,7 +238,7 @@ def discover() -> list[Record]:
         except (OSError, ValueError, KeyError, TypeError, OverflowError):
             _remove(path)  # unreadable now is unreadable at every later scan
             continue
-        if _alive(record):
+        if process_alive(record.pid, record.started):
             found.append(record)
         else:
             _remove(path)

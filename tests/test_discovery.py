@@ -114,9 +114,21 @@ def test_register_never_writes_through_a_planted_symlink(runtime_dir: Path, tmp_
         b'{"endpoint": "file:///etc/passwd", "pid": 1, "host": "h", "name": "n", "started": 1}',
         b'{"endpoint": "ipc:///x.sock", "pid": -5, "host": "h", "name": "n", "started": 1}',
         b'{"endpoint": "ipc:///x.sock", "pid": 1e400, "host": "h", "name": "n", "started": 1}',
+        b'{"endpoint": "ipc:///x.sock", "pid": 1099511627776, "host": "h", "name": "n", '
+        b'"started": 1}',
         b" " * (discovery.MAX_RECORD_BYTES + 1),
     ],
-    ids=["garbage", "list", "missing", "bad-pid", "bad-endpoint", "negative", "huge", "oversized"],
+    ids=[
+        "garbage",
+        "list",
+        "missing",
+        "bad-pid",
+        "bad-endpoint",
+        "negative",
+        "huge",
+        "past-pid-max",
+        "oversized",
+    ],
 )
 def test_malformed_records_are_removed(runtime_dir: Path, content: bytes) -> None:
     bad = runtime_dir / "12345.json"
@@ -154,3 +166,18 @@ def test_dead_process_record_and_socket_are_removed(runtime_dir: Path) -> None:
     (runtime_dir / f"{pid}.sock").touch()
     assert discovery.discover() == []
     assert list(runtime_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**40])
+def test_the_pid_check_never_signals_a_process_group(pid: int) -> None:
+    assert discovery.process_alive(pid, None)
+
+
+def test_the_pid_check_sees_a_dead_child_and_a_reused_pid() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not discovery.process_alive(child.pid, None)
+    assert discovery.process_alive(os.getpid(), None)
+    # this process was created long after that start: its pid is another process's now
+    assert not discovery.process_alive(os.getpid(), started=time.time() - 86_400)
+    assert discovery.process_alive(os.getpid(), started=time.time())

@@ -49,7 +49,6 @@ from gputop_dl.tui.state.viewer import (
     GONE_QUIET_S,
     MAX_SOURCES,
     REMOVE_AFTER_S,
-    process_alive,
 )
 
 NOW = T0 + 60.0
@@ -1225,23 +1224,6 @@ def test_a_huge_steps_message_is_cut_to_what_a_run_keeps() -> None:
     state.tick(T0 + 60.1)
     assert len(state.steps()) <= run_module.MAX_STEP_RECORDS
     assert state.selected is not None and state.selected.last_step_index == records[-1].index
-
-
-@pytest.mark.parametrize("pid", [0, -1, 2**40])
-def test_the_pid_check_never_signals_a_process_group(pid: int) -> None:
-    assert process_alive(pid, None)
-
-
-def test_the_pid_check_sees_a_dead_child_and_a_reused_pid() -> None:
-    import os
-    import subprocess
-    import sys
-
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    assert not process_alive(child.pid, None)
-    assert process_alive(os.getpid(), None)
-    assert not process_alive(os.getpid(), started=T0)  # this process is newer than T0
 
 
 def test_a_tick_judges_the_shown_run_and_only_a_few_others(

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from gputop_dl.probe.discovery import process_alive
 from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Stack, StepRecord, Steps, System
 from gputop_dl.probe.samples import SystemSample, TrainingProcesses
 from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
@@ -97,31 +98,6 @@ STALL_MIN_S = 1.5
 LOOP_STATES = frozenset({"in-loop", "outside"})
 
 PidAlive = Callable[[int, float | None], bool]
-
-
-def process_alive(pid: int, started: float | None) -> bool:
-    """False only when the process ``pid`` of this host is certainly gone, or the pid now
-    belongs to a process created after ``started`` (reused)."""
-    if pid <= 0:
-        return True  # 0 and negative pids name process groups: never signal those
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    except (OSError, OverflowError):
-        return True  # cannot tell
-    if started is None:
-        return True
-    try:
-        import psutil
-
-        return bool(psutil.Process(pid).create_time() <= started + 1.0)
-    except psutil.NoSuchProcess:
-        return False
-    except Exception:
-        return True
 
 
 class ViewerState:
