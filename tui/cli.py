@@ -64,7 +64,7 @@ class HelpFormatter(argparse.HelpFormatter):
 REFRESH_HZ = (0.1, 10.0)  # the viewer's refresh rate range, per second
 # Once a second, as the node samples come (and as nvtop, hl-smi -l 1): a second
 # refresh showed only the steps of the probe's second flush, and cost the training
-# node ~0.5 % of a core more (docs/measurements.md, the viewer row).
+# node ~0.5 % of a core more (docs/measurements.md, "Viewer: CPU of one run").
 DEFAULT_REFRESH_HZ = 1.0
 WAIT_S = (0.1, 3600.0)  # snapshot --wait range, seconds
 VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
