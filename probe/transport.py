@@ -448,15 +448,14 @@ class Subscriber:
         ready = dict(self._poller.poll(poll_ms(timeout_s)))  # an error: the caller's to report
         if self._waker.rx in ready:
             self._waker.drain()
+        if sock in ready:
+            while len(out) < max_messages and _readable(sock):
+                try:
+                    out.append(sock.recv_multipart(flags=zmq.NOBLOCK, copy=True))
+                except zmq.Again:
+                    break
         if revival is not None:
             self._revive_dropped()  # its time may have come during the wait
-        if sock not in ready:
-            return out
-        while len(out) < max_messages and _readable(sock):
-            try:
-                out.append(sock.recv_multipart(flags=zmq.NOBLOCK, copy=True))
-            except zmq.Again:
-                break
         return out
 
     def _revive_dropped(self) -> float | None:
@@ -473,10 +472,18 @@ class Subscriber:
                 self._dropped.add(endpoint)
         now = time.monotonic()
         next_in: float | None = None
+        # Not while a message waits to be read: disconnecting throws away what is still
+        # in the peer's pipe, and a peer that closed its socket is dropped too (libzmq
+        # would connect again by itself there). A probe's last steps and its bye, sent
+        # just before it closed, were lost so while the viewer gathered: the run ended
+        # shown as killed. The caller reads first; the wait then says "at once".
+        unread = _readable(self._sock)
         for endpoint in list(self._dropped):
             wait = self._revived.get(endpoint, -1e9) + REVIVE_EVERY_S - now
             if endpoint not in self.endpoints:
                 self._dropped.discard(endpoint)
+            elif wait <= 0 and unread:
+                next_in = 0.0
             elif wait <= 0:
                 self._dropped.discard(endpoint)
                 self._revived[endpoint] = now

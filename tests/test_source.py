@@ -187,6 +187,74 @@ def test_a_dropped_peer_is_connected_again_once_a_second_and_the_wait_says_when(
         sub.close()
 
 
+def test_what_a_publisher_sent_before_it_closed_is_read_while_the_source_gathers() -> None:
+    """The peer's close is a disconnect the subscriber hears of. Connecting to it again
+    (as for a peer dropped for an oversized frame) threw away what it had sent and the
+    source had not read yet: a probe's last steps and its bye, while the viewer gathered."""
+    got = Collected()
+    pub = Publisher("tcp://127.0.0.1:*")
+    src = ZmqSource([pub.endpoint], discover=False, local_sampler=False, gather_s=2.0)
+    src.start(got)
+    try:
+        assert delivered(pub, got, "joined")  # the source now gathers for 2 s
+        names = [f"last{i}" for i in range(5)]
+        for name in names:
+            assert pub.send(encode(marker(name)))
+    finally:
+        pub.close()  # at once, as a probe closes after its bye
+    try:
+        assert until(lambda: "last4" in [m.name for m in got.messages() if isinstance(m, Hello)])
+        read = [m.name for m in got.messages() if isinstance(m, Hello) and m.name in names]
+        assert read == names
+    finally:
+        src.stop()
+
+
+ENDING = """
+import time
+from gputop_dl import probe
+for _ in probe.watch(range(150)):
+    time.sleep(0.02)
+probe.current().close()
+"""
+
+
+@pytest.mark.parametrize("gather_s", [0.0, 0.5])
+def test_a_run_that_ends_is_shown_exited_with_all_its_steps_not_as_killed(
+    gather_s: float,
+) -> None:
+    """A discovered probe that finishes (3 s: past the eager reads after it was found):
+    its last steps and its bye arrive before the source lets go of it (its record goes
+    just after its bye), and a viewer shows it exited, as it said, with every step."""
+    got = Collected()
+    src = ZmqSource(local_sampler=False, gather_s=gather_s)
+    src.start(got)
+    state = ViewerState(socket.gethostname())
+    try:
+        env = {**os.environ, "GPUTOP_NAME": "ending"}
+        subprocess.run([sys.executable, "-c", ENDING], env=env, check=True, timeout=60)
+
+        def detached() -> bool:
+            return any(
+                isinstance(e, EndpointState) and e.state == "detached" for e in got.snapshot()
+            )
+
+        assert until(detached)
+        events = got.snapshot()
+        state.apply_all(events)
+        state.tick(time.time())
+        run = next(run for run in state.runs if run.name == "ending")
+        assert run.connection.text == "exited: closed after 150 steps"
+        assert run.step_count == 150
+        kinds = [
+            type(e.message).__name__ if isinstance(e, Received) else getattr(e, "state", "")
+            for e in events
+        ]
+        assert kinds.index("Bye") < kinds.index("detached")
+    finally:
+        src.stop()
+
+
 def test_a_flood_of_garbage_is_reported_rate_limited_and_valid_messages_still_pass(
     wired: tuple[Publisher, ZmqSource, Collected],
 ) -> None:

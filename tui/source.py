@@ -97,6 +97,7 @@ class ZmqSource(ThreadSource):
         for endpoint in self.endpoints:
             events.append(self._connect(sub, endpoint, None))
         self._known: dict[str, str] = {}  # discovered endpoint -> run name
+        self._ended: list[tuple[str, str]] = []  # (endpoint, name) whose records went
         self._last_discover = 0.0
         self._last_local_sample = 0.0
         self._last_foreign_host_sample = 0.0
@@ -131,6 +132,7 @@ class ZmqSource(ThreadSource):
         IDLE_POLL_S), so that those due together come in one wake-up."""
         received = sub.receive(self._poll_s(time.monotonic()))
         now = time.monotonic()
+        ended, self._ended = self._ended, []
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
@@ -147,6 +149,13 @@ class ZmqSource(ThreadSource):
             ):
                 self._last_foreign_host_sample = now
             events.append(event)
+        # Runs whose record went in the last discovery, now that what they sent before
+        # it went has been read: disconnecting throws away what is still in the pipe.
+        for endpoint, name in ended:
+            if endpoint in self._known:
+                continue  # found again since (a new process with the reused pid)
+            sub.disconnect(endpoint)
+            events.append(EndpointState(endpoint, "detached", "process ended", name))
         if (
             self.local_sampler
             and now - self._last_local_sample >= self.sample_interval_s
@@ -229,9 +238,9 @@ class ZmqSource(ThreadSource):
                 self._eager_until = time.monotonic() + EAGER_AFTER_FOUND_S
         for endpoint in list(known):
             if endpoint not in records:
-                name = known.pop(endpoint)
-                sub.disconnect(endpoint)
-                events.append(EndpointState(endpoint, "detached", "process ended", name))
+                # Detached after the next read: a probe's bye goes out just before its
+                # record does, and may still be on its way.
+                self._ended.append((endpoint, known.pop(endpoint)))
         return events
 
 
