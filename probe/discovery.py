@@ -21,12 +21,15 @@ import secrets
 import socket
 import stat
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ENV_RUNTIME_DIR = "GPUTOP_RUNTIME_DIR"
 RECORD_SUFFIX = ".json"
 MAX_RECORD_BYTES = 4096  # a record is ~200 bytes; anything bigger is not ours
+# Characters of a run's name kept in its record: what a viewer shows of a name (it comes
+# whole in the hello). 12 bytes a character at most in JSON: the record stays in bounds.
+MAX_RECORD_NAME = 200
 MAX_RECORDS = 1024  # records read per scan; a directory stuffed with more is cut short
 PID_REUSE_SLACK_S = 2.0  # a process created this long after the record's start is another one
 PID_MAX = 4_194_304  # Linux's PID_MAX_LIMIT: no process has a larger pid
@@ -139,6 +142,8 @@ def register(record: Record) -> Path:
     itself, never following a symlink at the final path.
     """
     directory = runtime_dir()
+    if len(record.name) > MAX_RECORD_NAME:  # a long name made a record readers refuse
+        record = replace(record, name=record.name[:MAX_RECORD_NAME])
     final = directory / f"{record.pid}{RECORD_SUFFIX}"
     tmp = directory / f".{record.pid}.{secrets.token_hex(8)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC

@@ -413,3 +413,25 @@ def test_a_demo_killed_with_9_does_not_leave_its_training_publishing(
     assert gone(child, ORPHAN_BOUND_S), "orphaned training still running"
     print(f"training stopped {time.monotonic() - killed:.1f} s after its demo was killed")
     assert not sock.exists()
+
+
+def test_list_cleans_a_run_name_of_escape_sequences(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run's name is the process's own (argv, GPUTOP_NAME): `gputop list` printed it as
+    it was, so a name could clear the screen, retitle the terminal or leave the
+    alternate screen of the pane it was listed in."""
+    from gputop_dl.probe import discovery
+    from gputop_dl.tui.cli import cmd_list
+
+    name = "\x1b[2J\x1b[31mRED\x1b]0;pwned\x07\x1b[?1049l\x9b31m\u202etab\there\nnext"
+    discovery.register(
+        discovery.Record(
+            f"ipc://{runtime_dir}/{os.getpid()}.sock", os.getpid(), "h", name, "probe", time.time()
+        )
+    )
+    assert cmd_list([]) == 0
+    out = capsys.readouterr().out
+    assert "RED" in out and "pwned" in out and "tab here next" in out
+    line = out.rstrip("\n")
+    assert "\n" not in line and all(c.isprintable() for c in line), repr(line)

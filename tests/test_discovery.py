@@ -181,3 +181,20 @@ def test_the_pid_check_sees_a_dead_child_and_a_reused_pid() -> None:
     # this process was created long after that start: its pid is another process's now
     assert not discovery.process_alive(os.getpid(), started=time.time() - 86_400)
     assert discovery.process_alive(os.getpid(), started=time.time())
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["x" * 10_000, "训" * 700, "\U0001f525" * 700, "\x1b" * 5_000],
+    ids=["ascii", "cjk", "emoji", "escapes"],
+)
+def test_a_long_run_name_keeps_the_record_readable(runtime_dir: Path, name: str) -> None:
+    """A record over MAX_RECORD_BYTES is refused (and removed) by every reader: a run
+    named with 700 CJK characters vanished from `gputop list` and the viewer."""
+    long_named = discovery.Record(
+        f"ipc://{runtime_dir}/{os.getpid()}.sock", os.getpid(), "h", name, "probe", time.time()
+    )
+    path = discovery.register(long_named)
+    assert path.stat().st_size <= discovery.MAX_RECORD_BYTES
+    (found,) = discovery.discover()
+    assert found.name == name[: discovery.MAX_RECORD_NAME]

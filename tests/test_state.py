@@ -8,6 +8,7 @@ import pytest
 from fakes_tui import (
     ENDPOINT,
     HOST,
+    PID,
     SOURCE_ID,
     T0,
     agent_only,
@@ -86,6 +87,20 @@ def test_connecting_placeholder_until_the_run_speaks() -> None:
     assert [r.name for r in state.runs] == ["resnet50"]
     assert not state.runs[0].is_placeholder
     assert state.has_probe
+
+
+@pytest.mark.parametrize("name", ["a\tb", "zw\u200bx", "red\x1b[31m", "rtl\u202eon"])
+@pytest.mark.parametrize("pid", [PID, None], ids=["by-pid", "by-name"])
+def test_a_discovered_run_whose_name_is_cleaned_leaves_no_ghost_placeholder(
+    name: str, pid: int | None
+) -> None:
+    """The viewer shows a name cleaned of control and format characters; its endpoint's
+    record has it raw. Compared raw, the endpoint stayed "connecting" beside its run."""
+    state = ViewerState(HOST)
+    state.apply(EndpointState(ENDPOINT, "connecting", "", name, pid))
+    state.apply(Received(hello(name=name), T0))
+    state.tick(T0 + 1.0)
+    assert [r.is_placeholder for r in state.runs] == [False]
 
 
 def test_unnamed_endpoint_placeholder_disappears_once_any_run_exists() -> None:

@@ -33,6 +33,7 @@ from gputop_dl.probe import discovery
 from gputop_dl.probe.version import __version__
 from gputop_dl.tui import endpoints
 from gputop_dl.tui.record import commands as recording
+from gputop_dl.tui.state.clean import clean_text
 from gputop_dl.tui.stopsignals import StopSignals
 
 COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export", "relay", "keys")
@@ -634,7 +635,10 @@ def cmd_list(argv: list[str]) -> int:
         return EXIT_NO_RUN
     for r in records:
         age = time.time() - r.started
-        print(f"{r.pid:>8}  {r.role:<6} {r.name:<28} up {age:>7.0f}s  {r.endpoint}")
+        # A record's strings are a process's own (its name, from argv or GPUTOP_NAME):
+        # cleaned as the viewer cleans them, they cannot move the cursor or retitle.
+        role, name, endpoint = (clean_text(t) for t in (r.role, r.name, r.endpoint))
+        print(f"{r.pid:>8}  {role:<6} {name:<28} up {age:>7.0f}s  {endpoint}")
     sys.stdout.flush()
     return EXIT_OK
 

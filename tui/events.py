@@ -46,6 +46,7 @@ class EndpointState:
     state: str  # "connecting", "detached", "error"
     detail: str = ""
     name: str | None = None  # run name from discovery, when known
+    pid: int | None = None  # its process on this host, from discovery, when known
 
 
 SourceEvent = Received | BadInput | EndpointState

@@ -215,12 +215,14 @@ class ZmqSource(ThreadSource):
         if self.raw_tap is not None:
             self._tap(encode(message), received)
 
-    def _connect(self, sub: Subscriber, endpoint: str, name: str | None) -> EndpointState:
+    def _connect(
+        self, sub: Subscriber, endpoint: str, name: str | None, pid: int | None = None
+    ) -> EndpointState:
         try:
             sub.connect(endpoint)
         except TransportError as exc:
-            return EndpointState(endpoint, "error", str(exc), name)
-        return EndpointState(endpoint, "connecting", "", name)
+            return EndpointState(endpoint, "error", str(exc), name, pid)
+        return EndpointState(endpoint, "connecting", "", name, pid)
 
     def _rediscover(self, sub: Subscriber, known: dict[str, str]) -> list[SourceEvent]:
         events: list[SourceEvent] = []
@@ -233,7 +235,7 @@ class ZmqSource(ThreadSource):
         for endpoint, record in records.items():
             if endpoint not in known and endpoint not in self.endpoints:
                 known[endpoint] = record.name
-                events.append(self._connect(sub, endpoint, record.name))
+                events.append(self._connect(sub, endpoint, record.name, record.pid))
                 # Its hello (once subscribed) puts it on screen: read it as it lands.
                 self._eager_until = time.monotonic() + EAGER_AFTER_FOUND_S
         for endpoint in list(known):

@@ -592,10 +592,16 @@ class ViewerState:
 
     def _placeholders(self, runs: Sequence[RunSummary]) -> list[RunSummary]:
         """Endpoints still waiting for their first message, as pseudo-runs."""
+        # A discovered endpoint is its run once that run spoke: the same process of this
+        # host, or else the same name as shown (a name with a tab or an escape in it is
+        # shown cleaned: compared raw, its endpoint stayed "connecting" beside it).
         names = {run.name for run in runs}
+        local_pids = {run.pid for run in runs if run.host == self.local_host}
         placeholders: list[RunSummary] = []
         for endpoint, info in self._endpoints.items():
-            if info.name is not None and info.name in names:
+            if info.pid is not None and info.pid in local_pids:
+                continue
+            if info.name is not None and clean_text(info.name) in names:
                 continue
             if info.name is None and (runs or self.agent_only_hosts()):
                 continue  # cannot tell which run it is: it is probably one of them
