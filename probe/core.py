@@ -1055,7 +1055,29 @@ def _close_all() -> None:
     p = current()
     if p is not None:
         with contextlib.suppress(Exception):
-            p.close("process exit")
+            p.close(exit_reason())
+
+
+CRASH_TEXT_MAX = 160  # characters of the exception's text in a bye's reason
+
+
+def exit_reason() -> str:
+    """The bye's reason at the interpreter's exit: "process exit", or "crashed (Type:
+    text)" when an exception no one caught ended the main thread (the interpreter keeps
+    it in ``sys.last_value`` for the exit handlers). Not under IPython, which keeps a
+    cell's error there and goes on."""
+    error = getattr(sys, "last_value", None)
+    if not isinstance(error, BaseException) or "IPython" in sys.modules:
+        return "process exit"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(error, SystemExit):
+        return "process exit"
+    text = str(error)
+    text = text if len(text) <= CRASH_TEXT_MAX else text[: CRASH_TEXT_MAX - 1] + "…"
+    return (
+        f"crashed ({type(error).__name__}: {text})" if text else f"crashed ({type(error).__name__})"
+    )
 
 
 def _make_sampler(probe: Probe) -> Any:

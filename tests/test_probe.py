@@ -1053,3 +1053,46 @@ def test_a_full_buffer_drops_the_oldest_steps_and_counts_them() -> None:
     reader.close()
     assert {r["index"] for r in reader.steps()} == set(range(50, 150))
     assert reader.of_kind("steps")[-1]["dropped_steps"] == 50
+
+
+CRASHING = """
+import sys, time
+from gputop_dl import probe
+for i in probe.watch(range(1000)):
+    time.sleep(0.01)
+    if i == {at}:
+        {raise_}
+"""
+
+
+@pytest.mark.parametrize(
+    ("raise_", "reason"),
+    [
+        (
+            'raise RuntimeError("boom inside the loop")',
+            "crashed (RuntimeError: boom inside the loop)",
+        ),
+        ("raise KeyboardInterrupt", "interrupted (Ctrl-C)"),
+        ("sys.exit(3)", "process exit"),
+        ("break", "process exit"),
+    ],
+    ids=["exception", "ctrl-c", "sys-exit", "finished"],
+)
+def test_a_run_that_dies_of_an_exception_says_so_in_its_bye(raise_: str, reason: str) -> None:
+    """An exception in the loop's body ends the process through the exit handlers, as a
+    clean end does: the bye said "process exit" for both, and a crashed run read as one
+    that finished."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    reader = WireReader(endpoint)
+    code = CRASHING.format(at=30, raise_=raise_)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "GPUTOP_LISTEN": endpoint},
+    )
+    assert proc.returncode != 0 or raise_ == "break", proc.stderr
+    reader.pump(1.0)
+    (bye,) = reader.of_kind("bye")
+    assert bye["reason"] == reason
