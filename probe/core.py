@@ -741,9 +741,12 @@ class Probe:
                         else:
                             for frames in live:
                                 send(frames)
+                # A pass entered after an evaluation waits from its entry, not from the
+                # last step before it (nor does the first step wait from before the loop).
+                entered = self._loop_since if self._loop == "in-loop" else None
                 stalled = stall_watch.due(
                     time.time(),
-                    last_end,
+                    last_end if entered is None else max(last_end or entered, entered),
                     drain.next_index,
                     periods,
                     self._loop != "outside",

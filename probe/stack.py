@@ -27,6 +27,10 @@ from gputop_dl.probe.messages import Frame, Stack
 STALL_FACTOR = 5.0
 STALL_MIN_S = 10.0
 MIN_STEPS = 5  # fewer steps: no typical period, the viewer says "warming up"
+# With fewer, a stack once the loop has gone this long without a step (thresholds.py
+# FIRST_STEPS_STALL_S, the viewer's warning): a first step that hangs (NCCL setup, a
+# loader that cannot start) shows where; one that compiles shows that too.
+FIRST_STEPS_STALL_S = 30.0
 MAX_FRAMES = 32
 MAX_FILE = 256
 MAX_FUNCTION = 128
@@ -106,7 +110,8 @@ class StallWatch:
     ) -> float | None:
         """Seconds stalled when a stack should be taken now, else None.
 
-        ``last_end``: Unix time the last step ended; ``next_index``: the index of the
+        ``last_end``: Unix time the last step ended, or the loop was entered if later
+        (a pass after an evaluation waits from there); ``next_index``: the index of the
         step in progress (steps published so far); ``periods_us``: recent step periods."""
         if not in_loop or last_end is None or self.taken_for == next_index:
             return None
@@ -114,7 +119,9 @@ class StallWatch:
         if stalled <= STALL_MIN_S:  # the usual case: no median of the periods needed
             return None
         limit = stall_threshold(periods_us)
-        if limit is None or stalled <= limit:
+        if limit is None:  # no typical step yet: the first steps may take long
+            limit = FIRST_STEPS_STALL_S
+        if stalled <= limit:
             return None
         self.taken_for = next_index
         return stalled

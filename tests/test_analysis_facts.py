@@ -157,6 +157,47 @@ def test_a_hang_inside_the_loop_stays_critical() -> None:
     assert v.kind == "stalled" and v.severity == "critical", v
 
 
+def test_a_pass_entered_after_an_evaluation_waits_from_its_entry() -> None:
+    """Back in the loop 2 s after a 25 s evaluation, its first batch not there yet: not
+    27 s without a step (the time outside the loop is not the loop's)."""
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    h = with_facts(hello(), loop="in-loop", loop_since=last + 25)
+    v = analyze(window(steps, h=h, now=last + 27, procs=processes(1.0)))
+    assert v.kind != "stalled", v
+    later = analyze(window(steps, h=h, now=last + 40, procs=processes(1.0)))
+    assert later.kind == "stalled" and later.severity == "critical", later
+    assert "the loop was entered 15 s ago, no step since" in later.evidence[0], later.evidence
+
+
+@pytest.mark.parametrize(
+    ("done", "in_loop_s", "severity"),
+    [(0, 20.0, "info"), (0, 45.0, "warning"), (2, 45.0, "warning"), (0, 600.0, "warning")],
+)
+def test_first_steps_that_take_long_are_a_warning_not_a_stall(
+    done: int, in_loop_s: float, severity: str
+) -> None:
+    """A hang in the first step never showed: with no typical step there was no stall,
+    only "warming up" at info. Over FIRST_STEPS_STALL_S in the loop without a step it is
+    a warning (a first step may compile for minutes; a hang looks the same)."""
+    entered = T0
+    steps = make_steps(done, start=entered, first=0) if done else []
+    h = with_facts(hello(), loop="in-loop", loop_since=entered)
+    now = entered + (steps[-1].end_time - entered if steps else 0.0) + in_loop_s
+    v = analyze(window(steps, h=h, now=now, procs=processes(100.0)))
+    assert v.kind == "warming-up" and v.severity == severity, v
+    if severity == "warning":
+        assert v.headline.startswith("No step for"), v.headline
+        assert f"{done} of 5 steps so far" in v.headline, v.headline
+        assert any("torch.compile" in a for a in v.advice), v.advice
+
+
+def test_before_the_loop_is_entered_nothing_is_a_warning() -> None:
+    h = with_facts(hello(), loop="not-started", loop_since=None)
+    v = analyze(window([], h=h, now=T0 + 600))
+    assert v.kind == "warming-up" and v.severity == "info", v
+
+
 def test_an_epoch_boundary_is_judged_as_usual() -> None:
     steps = make_steps(40, wait=0.001)
     last = steps[-1].end_time

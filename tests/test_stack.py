@@ -34,6 +34,7 @@ def test_the_probe_uses_the_viewers_stall_rule() -> None:
     assert stacks.STALL_FACTOR == thresholds.STALL_FACTOR
     assert stacks.STALL_MIN_S == thresholds.STALL_MIN_S
     assert stacks.MIN_STEPS == thresholds.MIN_STEPS
+    assert stacks.FIRST_STEPS_STALL_S == thresholds.FIRST_STEPS_STALL_S
 
 
 @pytest.mark.parametrize(
@@ -58,6 +59,10 @@ def test_a_stack_is_due_once_per_stall_inside_the_loop_past_the_threshold() -> N
     assert due(T0 + 11, T0, 7, periods, False) is None  # outside the loop: never
     assert due(T0 + 11, None, 7, periods, True) is None  # no step yet
     assert due(T0 + 11, T0, 7, periods[:3], True) is None  # warming up
+    # ... but a first step that takes over FIRST_STEPS_STALL_S shows where it is
+    assert due(T0 + 31, T0, 7, periods[:3], True) == pytest.approx(31.0)
+    watch = stacks.StallWatch()
+    due = watch.due
     assert due(T0 + 11, T0, 7, periods, True) == pytest.approx(11.0)
     assert due(T0 + 60, T0, 7, periods, True) is None  # the same stall: once
     assert due(T0 + 80, T0 + 70, 8, periods, True) is None  # a step ended: not stalled
@@ -370,3 +375,40 @@ def test_a_stalled_training_names_the_line_it_sleeps_on(tmp_path: Path) -> None:
     assert len(result["calls"]) == 1
     ident, name = result["calls"][0]
     assert ident != result["training"] and name == "gputop-publisher"
+
+
+def test_a_first_step_that_hangs_gets_its_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no step yet there was no stall to take a stack for: a hang in the first step
+    (NCCL setup, a loader that cannot start) never showed where it was. It waits from
+    the loop's entry (thresholds shortened here: 30 s in use)."""
+    from gputop_dl import probe
+    from gputop_dl.probe.protocol import decode
+    from gputop_dl.probe.transport import Subscriber
+
+    monkeypatch.setattr(stacks, "STALL_MIN_S", 0.5)
+    monkeypatch.setattr(stacks, "FIRST_STEPS_STALL_S", 1.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    p = probe.Probe(name="slow-start", listen=endpoint, system_interval_s=0)
+    sub = Subscriber()
+    try:
+        sub.connect(endpoint)
+        time.sleep(0.3)
+        for i in p.watch(range(2)):
+            if i == 0:
+                time.sleep(2.5)  # FIRST STEP HANGS HERE
+        p.close()
+        deadline = time.monotonic() + 5.0
+        stacks_read: list[Stack] = []
+        while time.monotonic() < deadline and not stacks_read:
+            for frames in sub.receive(0.2):
+                message = decode(frames)
+                if isinstance(message, Stack):
+                    stacks_read.append(message)
+    finally:
+        p.close()
+        sub.close()
+    (stack,) = stacks_read
+    assert stack.step_index == 0 and stack.stalled_s >= 1.0, stack
+    assert any(f.code.endswith("# FIRST STEP HANGS HERE") for f in stack.frames), stack.frames

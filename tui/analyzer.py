@@ -43,6 +43,7 @@ from gputop_dl.tui.analysis.thresholds import (
     CONFIDENT_S,
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
+    FIRST_STEPS_STALL_S,
     GPU_MEM_FULL_ENTER,
     GPU_MEM_FULL_EXIT,
     H2D_ENTER,
@@ -236,6 +237,13 @@ def _has_device_timing(stats: StepStats) -> bool:
 # --- warming up and stalls ------------------------------------------------------------------
 
 
+def _loop_entered(hello: Hello | None) -> float | None:
+    """Unix time the watched loop was entered, while the training is inside it."""
+    if hello is None or hello.loop != "in-loop":
+        return None
+    return hello.loop_since
+
+
 def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
     evidence: list[str] = []
     if window.steps:
@@ -245,6 +253,9 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         evidence.append(
             f"no step yet, probe started {fmt.dur(window.now - window.hello.started)} ago"
         )
+    slow = _slow_start(window, steps, evidence)
+    if slow is not None:
+        return slow
     if SKIP_FIRST_STEPS and any(s.index < SKIP_FIRST_STEPS for s in window.steps):
         evidence.append("step 0 is not counted: it carries one-off start-up work")
     prefetched = prefetched_steps(window.hello.loader if window.hello else None)
@@ -260,6 +271,50 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict "
         f"(or {MIN_SLOW_STEPS} covering {fmt.dur(WARM_S)})",
         evidence=tuple(evidence),
+    )
+
+
+def _slow_start(window: Window, steps: list[StepRecord], evidence: list[str]) -> Verdict | None:
+    """In the loop, too few steps for a typical one, and none for FIRST_STEPS_STALL_S: a
+    warning with where the training thread is. Not a stall: a first step may take
+    minutes (torch.compile, NCCL setup), and a hang there looks the same."""
+    hello = window.hello
+    entered = _loop_entered(hello)
+    if hello is None or entered is None:
+        return None
+    ends = [s.end_time for s in window.steps]
+    if hello.last_step_end is not None:
+        ends.append(hello.last_step_end)
+    gap = window.now - max([*ends, entered])
+    if gap <= FIRST_STEPS_STALL_S:
+        return None
+    done = max(hello.step_count, window.steps[-1].index + 1 if window.steps else 0)
+    evidence = [
+        f"the loop was entered {fmt.dur(window.now - entered)} ago; "
+        f"{done} of {MIN_STEPS} steps so far, none for {fmt.dur(gap)}",
+        *evidence[1:],
+    ]
+    state = _process_state(window.systems, window.now, True)
+    if state:
+        evidence.append(state)
+    stack = current(window.stack, done - 1 if done else None)
+    if stack is not None:
+        evidence.extend(stack_evidence(stack))
+    pyspy = f"py-spy dump --pid {hello.pid}"
+    return Verdict(
+        "warming-up",
+        "warning",
+        0.5,
+        f"No step for {fmt.dur(gap)} in the training loop: a slow first step, or a hang "
+        f"({done} of {MIN_STEPS} steps so far)",
+        evidence=tuple(evidence),
+        advice=(
+            "first steps can take minutes: torch.compile, NCCL or HCCL setup, cuDNN "
+            "autotuning, DataLoader workers starting",
+            pyspy_advice(hello.pid, hello.host, window.ptrace)
+            if stack is not None
+            else f"if it does not move, see where it waits: {pyspy}",
+        ),
     )
 
 
@@ -363,6 +418,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         ends.append(hello.last_step_end)
         if last_index is None or hello.step_count - 1 > last_index:
             last_index = hello.step_count - 1
+    entered = _loop_entered(hello)
+    if entered is not None and ends:
+        ends.append(entered)  # a pass entered after an evaluation waits from its entry
     if len(steps) >= MIN_STEPS:
         typical: float | None = typical_period(steps, STALL_TYPICAL_STEPS)
     elif hello is not None and hello.step_count >= MIN_STEPS:
@@ -375,10 +433,14 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     limit = max(STALL_FACTOR * typical, STALL_MIN_S)
     if gap <= limit:
         return None
-    evidence = [
-        f"last step {last_index} ended {fmt.dur(gap)} ago; stall threshold {fmt.dur(limit)} "
+    rule = (
+        f"stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
-    ]
+    )
+    if entered is not None and entered >= max(ends):
+        evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
+    else:
+        evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
     state = _process_state(
         window.systems, window.now, hello is not None and hello.loop == "in-loop"
     )
@@ -397,7 +459,8 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"Stalled: no step for {fmt.dur(gap)}; typical step {fmt.dur(typical)}",
         evidence=tuple(evidence),
         advice=(
-            "evaluation or checkpointing clears by itself when steps resume",
+            "evaluation or a checkpoint run inside a step (Lightning's val_check_interval) "
+            "clears by itself when the step ends",
             pyspy_advice(pid, host, window.ptrace) if stack is not None else pyspy,
         ),
         conditions=("stalled",),

@@ -56,6 +56,10 @@ SMALL_WAIT_SHARE = 0.05  # a step waiting under 5 % of its period for data is no
 STALL_FACTOR = 5.0  # no step for 5 typical periods ...
 STALL_MIN_S = 10.0  # ... and at least 10 s (flush latency, epoch ends, short hiccups)
 STALL_TYPICAL_STEPS = 30  # typical period = median of the last 30 steps
+# Before a typical step is known (fewer than MIN_STEPS): no step for this long in the
+# loop is a warning, not a stall: a first step may take minutes (torch.compile, NCCL or
+# HCCL setup, cuDNN autotuning, workers starting), and a hang there looks the same.
+FIRST_STEPS_STALL_S = 30.0
 
 # --- host samples -------------------------------------------------------------------------
 MIN_SYSTEMS = 2  # host-based causes need at least two samples (one can be a transient)
