@@ -213,7 +213,7 @@ def test_no_terminal_is_a_usage_error_that_names_the_alternatives() -> None:
     assert out.stdout == ""
     line = out.stderr.strip()
     assert "\n" not in line
-    assert "needs a terminal" in line and "input is not one" in line
+    assert "needs a terminal" in line and "input (stdin) is not one" in line
     assert "ssh -t" in line and "gputop snapshot" in line
 
 
@@ -231,7 +231,27 @@ def test_output_not_a_terminal_is_refused_too(viewer: list[PtyViewer]) -> None:
         os.close(slave)
         os.close(master)
     assert out.returncode == 2
-    assert "output is not one" in out.stderr
+    assert "output (stdout) is not one" in out.stderr
+
+
+def test_stderr_sent_away_is_refused_on_the_terminal(viewer: list[PtyViewer]) -> None:
+    """``gputop 2>/dev/null`` in a terminal: Textual draws on stderr, so it is refused,
+    and the reason went where it could not be seen: an exit 2 and a blank line."""
+    master, slave = os.openpty()
+    try:
+        out = subprocess.run(
+            [*ENTRY, "--no-local"],
+            stdin=slave,
+            stdout=slave,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        seen = os.read(master, 65536).decode(errors="replace")
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert out.returncode == 2
+    assert "error output (stderr, which Textual draws on) is not one" in seen, seen
 
 
 def test_nohup_in_the_background_exits_2_at_once(tmp_path: Path) -> None:

@@ -158,6 +158,15 @@ def listen_arg(text: str) -> str:
 
 def _error(command: str, text: str) -> None:
     print(f"{command}: {text}", file=sys.stderr)
+    if _is_terminal(sys.stdout) and not _is_terminal(sys.stderr):
+        print(f"{command}: {text}", flush=True)  # stderr sent away: said where it is seen
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return stream is not None and os.isatty(stream.fileno())
+    except (OSError, ValueError):  # closed, or not a real file
+        return False
 
 
 RUNTIME_DIR_FIX = f"set {discovery.ENV_RUNTIME_DIR} to a directory only you can enter (mode 0700)"
@@ -287,12 +296,13 @@ def viewer_unavailable(hint: str = NO_TTY_HINT) -> str | None:
         import textual  # noqa: F401
     except ImportError:
         return VIEWER_INSTALL
-    for name, stream in (("input", sys.stdin), ("output", sys.stdout), ("output", sys.stderr)):
-        try:
-            tty = stream is not None and os.isatty(stream.fileno())
-        except (OSError, ValueError):  # closed, or not a real file
-            tty = False
-        if not tty:
+    streams = (
+        ("input (stdin)", sys.stdin),
+        ("output (stdout)", sys.stdout),
+        ("error output (stderr, which Textual draws on)", sys.stderr),
+    )
+    for name, stream in streams:
+        if not _is_terminal(stream):
             return f"the viewer needs a terminal, and its {name} is not one; {hint}"
     return None
 
