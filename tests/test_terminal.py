@@ -217,19 +217,29 @@ def test_no_terminal_is_a_usage_error_that_names_the_alternatives() -> None:
     assert "ssh -t" in line and "gputop snapshot" in line
 
 
-def test_output_not_a_terminal_is_refused_too(viewer: list[PtyViewer]) -> None:
+def refused_on_a_pty(*, stdout_on_pty: bool) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The viewer run with its stdin on a pty, and its stdout there too or captured, its
+    stderr captured or sent away: its result and what the pty showed."""
     master, slave = os.openpty()
     try:
         out = subprocess.run(
             [*ENTRY, "--no-local"],
             stdin=slave,
-            capture_output=True,
+            stdout=slave if stdout_on_pty else subprocess.PIPE,
+            stderr=subprocess.DEVNULL if stdout_on_pty else subprocess.PIPE,
             timeout=60,
             text=True,
         )
+        ready, _, _ = select.select([master], [], [], 5.0)
+        seen = os.read(master, 65536).decode(errors="replace") if ready else ""
     finally:
         os.close(slave)
         os.close(master)
+    return out, seen
+
+
+def test_output_not_a_terminal_is_refused_too(viewer: list[PtyViewer]) -> None:
+    out, _ = refused_on_a_pty(stdout_on_pty=False)
     assert out.returncode == 2
     assert "output (stdout) is not one" in out.stderr
 
@@ -237,19 +247,7 @@ def test_output_not_a_terminal_is_refused_too(viewer: list[PtyViewer]) -> None:
 def test_stderr_sent_away_is_refused_on_the_terminal(viewer: list[PtyViewer]) -> None:
     """``gputop 2>/dev/null`` in a terminal: Textual draws on stderr, so it is refused,
     and the reason went where it could not be seen: an exit 2 and a blank line."""
-    master, slave = os.openpty()
-    try:
-        out = subprocess.run(
-            [*ENTRY, "--no-local"],
-            stdin=slave,
-            stdout=slave,
-            stderr=subprocess.DEVNULL,
-            timeout=60,
-        )
-        seen = os.read(master, 65536).decode(errors="replace")
-    finally:
-        os.close(slave)
-        os.close(master)
+    out, seen = refused_on_a_pty(stdout_on_pty=True)
     assert out.returncode == 2
     assert "error output (stderr, which Textual draws on) is not one" in seen, seen
 
