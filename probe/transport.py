@@ -104,6 +104,12 @@ def listen_policy(
     With CURVE keys (``keys``; None: whether :func:`load_keys` finds some) a network
     endpoint is neither refused nor warned about: :class:`Publisher` then admits only
     clients holding an authorized key."""
+    if "://" not in endpoint:  # a typo is not a network address: say what it lacks
+        return (
+            f"cannot listen on {endpoint!r}: not an endpoint (tcp://127.0.0.1:PORT, "
+            "tcp://HOST:PORT or ipc:///PATH)",
+            None,
+        )
     kind = exposure(endpoint)
     words = {"endpoint": endpoint, "opt_in": opt_in, "no_auth": NO_AUTH}
     if kind == EXPOSED and (load_keys() is not None if keys is None else keys):

@@ -209,6 +209,16 @@ def test_listen_policy_with_and_without_keys(capsys: pytest.CaptureFixture[str])
     assert warning is not None and "every user of this host" in warning
 
 
+@pytest.mark.parametrize("insecure", [False, True])
+def test_a_listen_address_without_a_scheme_is_not_called_a_network_address(
+    insecure: bool,
+) -> None:
+    """GPUTOP_LISTEN=garbage was refused as a network address without keys."""
+    refusal, warning = listen_policy("garbage", insecure=insecure, opt_in="--insecure")
+    assert warning is None
+    assert refusal is not None and "'garbage': not an endpoint (tcp://" in refusal, refusal
+
+
 def test_agent_on_the_network_with_keys(capsys: pytest.CaptureFixture[str]) -> None:
     """``gputop agent --listen tcp://0.0.0.0:*`` starts once keys exist; a viewer with
     the key reads its samples through the network address."""

@@ -337,6 +337,10 @@ def test_snapshot_of_a_recording_at_a_moment_text_and_json(
     assert at == pytest.approx(snap["recording"]["end"] - 55.0)
     assert main(["snapshot", str(recording), "--at", "soon"]) == 2
     assert "not a moment" in capsys.readouterr().err
+    assert main(["snapshot", str(recording), "--at", "99999s", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["recording"]["at"] == snap["recording"]["end"]
+    assert "--at 99999s is past the recording's end (it lasts" in out.err, out.err
 
 
 def test_a_file_that_is_not_a_recording_is_said(

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gputop_dl.tui.format import fmt_duration
 from gputop_dl.tui.record.format import CODEC_NAMES, NotARecording
 from gputop_dl.tui.record.writer import MIN_MAX_SIZE
 from gputop_dl.tui.stopsignals import StopSignals
@@ -157,7 +158,16 @@ def snapshot_recording(path: str, at: str | None, as_json: bool) -> int:
         except ValueError as exc:
             print(f"gputop snapshot: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    moment = min(timeline.end, max(timeline.start, moment))
+    shown = min(timeline.end, max(timeline.start, moment))
+    if shown != moment:  # a typo must not pass for the recording's edge
+        edge = "end" if moment > timeline.end else "start"
+        length = fmt_duration(timeline.end - timeline.start)
+        print(
+            f"gputop snapshot: --at {at} is past the recording's {edge} (it lasts {length}): "
+            f"showing its {edge}",
+            file=sys.stderr,
+        )
+    moment = shown
     replayer = replay_state(timeline, moment)
     snap = build_snapshot(replayer.state)
     snap["recording"] = {
