@@ -130,6 +130,8 @@ def seen(run: Run) -> dict[str, Any]:
         "last_index": run.last_index,
         "first_start": run.first_start,
         "last_end": throughput.last_end,
+        # (a spread step's parts sum to end - start, its period to within a microsecond)
+        "covered_total_ms": round(throughput.covered_total_s * 1000),
         "points": [
             (p.end, p.samples_per_s, p.steps_per_s, p.wait_share, p.device_share, p.covered_s)
             for p in throughput.points

@@ -233,6 +233,21 @@ def test_errors_are_bounded_but_counted() -> None:
 # ---------------------------------------------------------------- throughput
 
 
+def test_the_average_is_over_the_training_loops_time_not_an_evaluations() -> None:
+    """20 s of steps at 100 samples/s, 25 s outside the loop, 20 s more: the average was
+    over the wall time since the first step (frozen during the evaluation, then 62), and
+    "now" read as a speed-up against it. (The rows' path sums the same time:
+    test_ingest_rows.)"""
+    state = ViewerState(HOST)
+    first = step_records(T0, 20.0)
+    second = step_records(T0 + 45.0, 20.0, first_index=len(first))
+    state.apply(received(hello(started=T0), T0))
+    state.apply_all([*steps_events(first), *steps_events(second)])
+    state.tick(T0 + 65.05)
+    run = state.selected
+    assert run is not None and run.rate_avg == pytest.approx(100.0, rel=0.01)
+
+
 def test_steady_throughput_and_wait_share() -> None:
     state = ViewerState(HOST)
     steady(state, duration_s=20.0)

@@ -320,9 +320,11 @@ class Run:
         return total / covered if covered > 0 else None
 
     def rate_avg(self) -> float | None:
-        if self.first_start is None or self.throughput.last_end is None:
-            return None
-        elapsed = self.throughput.last_end - self.first_start
+        """Samples (or steps) a second over the training loop's own time, the steps'
+        periods summed: time outside the loop (an evaluation) is in no step. Over the
+        wall time since the first step it froze while the run evaluated, then fell when
+        steps resumed, and "now" read as a speed-up against it."""
+        elapsed = self.throughput.covered_total_s
         if elapsed <= 0:
             return None
         total = self.total_samples if self.samples_known else self.total_steps

@@ -37,6 +37,9 @@ class Throughput:
         self._last_final: int | None = None  # index of the newest finished bucket
         self._finished_any = False
         self.last_end: float | None = None
+        # Seconds of steps taken, whatever the horizon kept: the training loop's own time
+        # (steps follow each other inside a pass; the time outside it is in none).
+        self.covered_total_s = 0.0
         # The earliest end for which finish_until closes a bucket: the end of the bucket
         # after the newest finished one. Before it, a call does nothing (callers skip it).
         self.close_at = -math.inf
@@ -233,6 +236,7 @@ class Throughput:
             bucket.samples += samples
             bucket.steps += steps
             bucket.covered_s += covered / us
+            self.covered_total_s += covered / us
             bucket.wait_s += wait_s / us
             bucket.wait_covered_s += (covered - no_wait) / us
             bucket.device_s += device_s / us
@@ -263,6 +267,7 @@ class Throughput:
         bucket.samples += samples
         bucket.steps += steps
         bucket.covered_s += covered
+        self.covered_total_s += covered
         bucket.wait_s += wait_s
         bucket.wait_covered_s += wait_covered
         bucket.device_s += device_s
@@ -297,6 +302,7 @@ class Throughput:
             bucket.samples += samples * share
             bucket.steps += share
             bucket.covered_s += cover
+            self.covered_total_s += cover
             if wait is not None:
                 bucket.wait_covered_s += cover
                 bucket.wait_s += wait_fraction * cover
