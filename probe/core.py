@@ -743,13 +743,14 @@ class Probe:
                                 send(frames)
                 # A pass entered after an evaluation waits from its entry, not from the
                 # last step before it (nor does the first step wait from before the loop).
-                entered = self._loop_since if self._loop == "in-loop" else None
+                loop = self._loop  # once: the training thread may change it meanwhile
+                entered = self._loop_since if loop == "in-loop" else None
                 stalled = stall_watch.due(
                     time.time(),
                     last_end if entered is None else max(last_end or entered, entered),
                     drain.next_index,
                     periods,
-                    self._loop != "outside",
+                    loop != "outside",
                 )
                 if stalled is not None and self._train_thread is not None:
                     stack = stacks.take_stack(
@@ -1067,20 +1068,24 @@ CRASH_TEXT_MAX = 160  # characters of the exception's text in a bye's reason
 def exit_reason() -> str:
     """The bye's reason at the interpreter's exit: "process exit", or "crashed (Type:
     text)" when an exception no one caught ended the main thread (the interpreter keeps
-    it in ``sys.last_value`` for the exit handlers). Not under IPython, which keeps a
-    cell's error there and goes on."""
+    it in ``sys.last_value`` for the exit handlers), "interrupted (Ctrl-C)" for that one.
+
+    Not where ``sys.last_value`` may hold an error the process went on after: an
+    interactive session (``sys.ps1``: the REPL, ``python -i``, IPython keeps a cell's
+    there). A ``SystemExit`` is never kept there: ``sys.exit(1)`` is a process exit.
+    The text of an exception whose ``str()`` raises is left out; this never raises."""
     error = getattr(sys, "last_value", None)
-    if not isinstance(error, BaseException) or "IPython" in sys.modules:
+    if not isinstance(error, BaseException) or hasattr(sys, "ps1") or "IPython" in sys.modules:
         return "process exit"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
-    if isinstance(error, SystemExit):
-        return "process exit"
-    text = str(error)
+    try:
+        text = str(error)
+    except Exception:
+        text = ""
     text = text if len(text) <= CRASH_TEXT_MAX else text[: CRASH_TEXT_MAX - 1] + "…"
-    return (
-        f"crashed ({type(error).__name__}: {text})" if text else f"crashed ({type(error).__name__})"
-    )
+    name = type(error).__name__
+    return f"crashed ({name}: {text})" if text else f"crashed ({name})"
 
 
 def _make_sampler(probe: Probe) -> Any:

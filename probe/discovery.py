@@ -27,12 +27,13 @@ from pathlib import Path
 ENV_RUNTIME_DIR = "GPUTOP_RUNTIME_DIR"
 RECORD_SUFFIX = ".json"
 MAX_RECORD_BYTES = 4096  # a record is ~200 bytes; anything bigger is not ours
-# Characters of a run's name kept in its record: what a viewer shows of a name (it comes
-# whole in the hello). 12 bytes a character at most in JSON: the record stays in bounds.
-MAX_RECORD_NAME = 200
+# Characters of a run's name kept in its record: more than a viewer shows of a name (200,
+# cut the same way as the whole one in the hello). 12 bytes a character at most in JSON:
+# the record stays in bounds.
+MAX_RECORD_NAME = 256
 MAX_RECORDS = 1024  # records read per scan; a directory stuffed with more is cut short
 PID_REUSE_SLACK_S = 2.0  # a process created this long after the record's start is another one
-PID_MAX = 4_194_304  # Linux's PID_MAX_LIMIT: no process has a larger pid
+PID_MAX_LIMIT = 4_194_304  # Linux's: every pid is below it
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -215,7 +216,7 @@ def _read_record(path: Path) -> Record:
         role=str(data.get("role", "probe")),
         started=float(data["started"]),
     )
-    if not 0 < record.pid <= PID_MAX or not record.endpoint.startswith(("ipc://", "tcp://")):
+    if not 0 < record.pid < PID_MAX_LIMIT or not record.endpoint.startswith(("ipc://", "tcp://")):
         raise ValueError("invalid pid or endpoint")
     return record
 

@@ -36,6 +36,10 @@ from gputop_dl.probe.protocol import TOPIC_PREFIX
 SEND_HWM = 128
 RECV_HWM = 10_000
 REVIVE_EVERY_S = 1.0  # a dropped peer is connected again at most this often
+# ... and not while messages wait to be read (Subscriber._revive_dropped), for at most
+# this long: a stream from other peers that never lets the socket empty must not keep
+# a dropped peer away (what it sent before it was dropped is read long before).
+REVIVE_POSTPONE_MAX_S = 1.0
 # Subscription notices kept queued for the publisher thread; a flood beyond this is
 # dropped by libzmq, which only delays a replay (notices are coalesced anyway).
 SUB_NOTICE_HWM = 1000
@@ -425,7 +429,7 @@ class Subscriber:
         # second, each a DISCONNECTED event; a dropped peer waits for the next receive.
         self._poller.register(self._sock, zmq.POLLIN)
         self._waker = _Waker(self._ctx, self._poller)  # a long wait still ends at once
-        self._dropped: set[str] = set()
+        self._dropped: dict[str, float] = {}  # endpoint -> monotonic time it was seen dropped
         self._revived: dict[str, float] = {}  # endpoint -> monotonic time of last revival
         self._lock = threading.Lock()
         self.endpoints: set[str] = set()
@@ -475,7 +479,7 @@ class Subscriber:
                 break
             endpoint = frames[-1].decode(errors="replace") if len(frames) == 2 else ""
             if endpoint in self.endpoints:
-                self._dropped.add(endpoint)
+                self._dropped.setdefault(endpoint, time.monotonic())
         now = time.monotonic()
         next_in: float | None = None
         # Not while a message waits to be read: disconnecting throws away what is still
@@ -484,14 +488,14 @@ class Subscriber:
         # just before it closed, were lost so while the viewer gathered: the run ended
         # shown as killed. The caller reads first; the wait then says "at once".
         unread = _readable(self._sock)
-        for endpoint in list(self._dropped):
+        for endpoint, seen in list(self._dropped.items()):
             wait = self._revived.get(endpoint, -1e9) + REVIVE_EVERY_S - now
             if endpoint not in self.endpoints:
-                self._dropped.discard(endpoint)
-            elif wait <= 0 and unread:
+                del self._dropped[endpoint]
+            elif wait <= 0 and unread and now - seen < REVIVE_POSTPONE_MAX_S:
                 next_in = 0.0
             elif wait <= 0:
-                self._dropped.discard(endpoint)
+                del self._dropped[endpoint]
                 self._revived[endpoint] = now
                 with contextlib.suppress(zmq.ZMQError):
                     self._sock.disconnect(endpoint)

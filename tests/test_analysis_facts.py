@@ -192,6 +192,24 @@ def test_first_steps_that_take_long_are_a_warning_not_a_stall(
         assert any("torch.compile" in a for a in v.advice), v.advice
 
 
+def test_slow_steps_the_probe_has_a_typical_one_for_are_no_warning() -> None:
+    """A healthy run of 40 s steps, 8 workers prefetching 2 batches each: steps 1-16 are
+    not usable for statistics, but the probe knows the typical step from step 5 on. At
+    step 12, 35 s into a step, that is no slow start."""
+    steps = make_steps(12, period=40.0, first=0, start=T0)
+    last = steps[-1].end_time
+    h = replace(
+        hello(num_workers=8, prefetch=2),
+        loop="in-loop",
+        loop_since=T0 - 40.0,
+        step_count=12,
+        last_step_end=last,
+        typical_period_s=40.0,
+    )
+    v = analyze(window(steps, h=h, now=last + 35.0, procs=processes(100.0)))
+    assert v.kind == "warming-up" and v.severity == "info", v
+
+
 def test_before_the_loop_is_entered_nothing_is_a_warning() -> None:
     h = with_facts(hello(), loop="not-started", loop_since=None)
     v = analyze(window([], h=h, now=T0 + 600))

@@ -1096,3 +1096,39 @@ def test_a_run_that_dies_of_an_exception_says_so_in_its_bye(raise_: str, reason:
     reader.pump(1.0)
     (bye,) = reader.of_kind("bye")
     assert bye["reason"] == reason
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.parametrize(
+    ("last", "interactive", "reason"),
+    [
+        (None, False, "process exit"),
+        (ValueError("bad value"), False, "crashed (ValueError: bad value)"),
+        (ValueError(), False, "crashed (ValueError)"),
+        (ValueError("x" * 500), False, "crashed (ValueError: " + "x" * 159 + "…)"),
+        (_Unprintable(), False, "crashed (_Unprintable)"),
+        (KeyboardInterrupt(), False, "interrupted (Ctrl-C)"),
+        # the REPL (python -i, code.interact) keeps an error the session went on after
+        (ZeroDivisionError("division by zero"), True, "process exit"),
+    ],
+    ids=["none", "error", "no-text", "long", "unprintable", "ctrl-c", "interactive"],
+)
+def test_the_exit_reason(
+    monkeypatch: pytest.MonkeyPatch, last: BaseException | None, interactive: bool, reason: str
+) -> None:
+    from gputop_dl.probe.core import exit_reason
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    if last is None:
+        monkeypatch.delattr(sys, "last_value", raising=False)
+    else:
+        monkeypatch.setattr(sys, "last_value", last, raising=False)
+    if interactive:
+        monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    else:
+        monkeypatch.delattr(sys, "ps1", raising=False)
+    assert exit_reason() == reason

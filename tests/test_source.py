@@ -172,7 +172,7 @@ def test_a_dropped_peer_is_connected_again_once_a_second_and_the_wait_says_when(
     endpoint = "tcp://127.0.0.1:9"  # nothing listens: connecting costs nothing
     try:
         sub.connect(endpoint)
-        sub._dropped.add(endpoint)
+        sub._dropped[endpoint] = time.monotonic()
         sub._revived[endpoint] = time.monotonic() - revived_ago
         wait = sub._revive_dropped()
         if waits is None:

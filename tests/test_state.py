@@ -248,6 +248,20 @@ def test_the_average_is_over_the_training_loops_time_not_an_evaluations() -> Non
     assert run is not None and run.rate_avg == pytest.approx(100.0, rel=0.01)
 
 
+def test_a_step_longer_than_the_history_counts_whole_in_the_average() -> None:
+    """A first step of 900 s (compiling), then 100 s at 100 samples/s: the buckets keep
+    the part of the long step inside the 300 s history; the average counts all of it."""
+    state = ViewerState(HOST)
+    state.apply(received(hello(started=T0), T0))
+    first = StepRecord(index=0, end_time=T0 + 900.0, period_s=900.0, wait_s=None, samples=25)
+    rest = step_records(T0 + 900.0, 100.0, first_index=1)
+    state.apply_all(steps_events((first, *rest)))
+    state.tick(T0 + 1000.05)
+    run = state.selected
+    assert run is not None
+    assert run.rate_avg == pytest.approx(25 * (1 + len(rest)) / 1000.0, rel=0.01)
+
+
 def test_steady_throughput_and_wait_share() -> None:
     state = ViewerState(HOST)
     steady(state, duration_s=20.0)

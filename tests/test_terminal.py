@@ -230,7 +230,7 @@ def refused_on_a_pty(*, stdout_on_pty: bool) -> tuple[subprocess.CompletedProces
             timeout=60,
             text=True,
         )
-        ready, _, _ = select.select([master], [], [], 5.0)
+        ready = select.select([master], [], [], 5.0)[0] if stdout_on_pty else []
         seen = os.read(master, 65536).decode(errors="replace") if ready else ""
     finally:
         os.close(slave)

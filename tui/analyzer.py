@@ -282,13 +282,17 @@ def _slow_start(window: Window, steps: list[StepRecord], evidence: list[str]) ->
     entered = _loop_entered(hello)
     if hello is None or entered is None:
         return None
+    done = max(hello.step_count, window.steps[-1].index + 1 if window.steps else 0)
+    if done >= MIN_STEPS:
+        # The probe knows a typical step (its rule): slow steps are judged as a stall
+        # is, against it (usable steps leave out the prefetched ones: not the count).
+        return None
     ends = [s.end_time for s in window.steps]
     if hello.last_step_end is not None:
         ends.append(hello.last_step_end)
     gap = window.now - max([*ends, entered])
     if gap <= FIRST_STEPS_STALL_S:
         return None
-    done = max(hello.step_count, window.steps[-1].index + 1 if window.steps else 0)
     evidence = [
         f"the loop was entered {fmt.dur(window.now - entered)} ago; "
         f"{done} of {MIN_STEPS} steps so far, none for {fmt.dur(gap)}",

@@ -158,8 +158,14 @@ def listen_arg(text: str) -> str:
 
 def _error(command: str, text: str) -> None:
     print(f"{command}: {text}", file=sys.stderr)
-    if _is_terminal(sys.stdout) and not _is_terminal(sys.stderr):
-        print(f"{command}: {text}", flush=True)  # stderr sent away: said where it is seen
+
+
+def _refuse_viewer(command: str, text: str) -> None:
+    """Why the viewer cannot start, where the user sees it: with stderr sent away (the
+    viewer needs it: Textual draws on it) on the terminal its stdout is, too."""
+    _error(command, text)
+    if sys.stderr is not None and _is_terminal(sys.stdout) and not _is_terminal(sys.stderr):
+        print(f"{command}: {text}", flush=True)
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -235,7 +241,7 @@ def cmd_view(argv: list[str]) -> int:
         return recording.cmd_view_recording(argv)
     args = view_parser().parse_args(argv)
     if (problem := viewer_unavailable()) is not None:
-        _error("gputop", problem)
+        _refuse_viewer("gputop", problem)
         return EXIT_USAGE
     remote, targets = _split_remote("gputop", args)
     if remote is None:
@@ -377,7 +383,7 @@ def cmd_demo(argv: list[str]) -> int:
     )
     args = ap.parse_args(argv)
     if not args.no_tui and (problem := viewer_unavailable(NO_TTY_DEMO_HINT)) is not None:
-        _error("gputop demo", problem if problem != VIEWER_INSTALL else DEMO_INSTALL)
+        _refuse_viewer("gputop demo", problem if problem != VIEWER_INSTALL else DEMO_INSTALL)
         return EXIT_USAGE
     if importlib.util.find_spec("torch") is None:  # found, not imported: seconds saved
         _error("gputop demo", f"{DEMO_INSTALL} (or run make demo)")

@@ -40,6 +40,7 @@ IDLE_POLL_S = 1.0
 GATHER_MAX_S = 0.5
 DISCOVER_EVERY_S = 1.0
 EAGER_AFTER_FOUND_S = 1.0  # messages are read as they land this long after a run is found
+ENDED_WAIT_MAX_S = 5.0  # a run whose record went is let go of this long after, at most
 LOCAL_SAMPLE_GRACE_S = 3.0  # a probe's own host samples take precedence this long
 BAD_INPUT_REPEAT_S = 1.0  # the same error is reported at most this often
 # Sees every message's frames, undecoded, with its receive time (the recorder, issue 13).
@@ -97,7 +98,8 @@ class ZmqSource(ThreadSource):
         for endpoint in self.endpoints:
             events.append(self._connect(sub, endpoint, None))
         self._known: dict[str, str] = {}  # discovered endpoint -> run name
-        self._ended: list[tuple[str, str]] = []  # (endpoint, name) whose records went
+        # (endpoint, name, monotonic time) of runs whose records went, to let go of
+        self._ended: list[tuple[str, str, float]] = []
         self._last_discover = 0.0
         self._last_local_sample = 0.0
         self._last_foreign_host_sample = 0.0
@@ -132,7 +134,11 @@ class ZmqSource(ThreadSource):
         IDLE_POLL_S), so that those due together come in one wake-up."""
         received = sub.receive(self._poll_s(time.monotonic()))
         now = time.monotonic()
-        ended, self._ended = self._ended, []
+        # Runs whose record went before this read, once a read took all that waited (a
+        # full one may have left their bye behind), or after ENDED_WAIT_MAX_S whatever
+        # comes: disconnecting throws away what is still unread from them.
+        drained = len(received) < RECEIVE_MAX
+        ended = [e for e in self._ended if drained or now - e[2] >= ENDED_WAIT_MAX_S]
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
@@ -149,9 +155,9 @@ class ZmqSource(ThreadSource):
             ):
                 self._last_foreign_host_sample = now
             events.append(event)
-        # Runs whose record went in the last discovery, now that what they sent before
-        # it went has been read: disconnecting throws away what is still in the pipe.
-        for endpoint, name in ended:
+        for entry in ended:
+            self._ended.remove(entry)
+            endpoint, name, _ = entry
             if endpoint in self._known:
                 continue  # found again since (a new process with the reused pid)
             sub.disconnect(endpoint)
@@ -240,9 +246,9 @@ class ZmqSource(ThreadSource):
                 self._eager_until = time.monotonic() + EAGER_AFTER_FOUND_S
         for endpoint in list(known):
             if endpoint not in records:
-                # Detached after the next read: a probe's bye goes out just before its
+                # Detached after a later read: a probe's bye goes out just before its
                 # record does, and may still be on its way.
-                self._ended.append((endpoint, known.pop(endpoint)))
+                self._ended.append((endpoint, known.pop(endpoint), time.monotonic()))
         return events
 
 

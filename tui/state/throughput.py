@@ -37,8 +37,9 @@ class Throughput:
         self._last_final: int | None = None  # index of the newest finished bucket
         self._finished_any = False
         self.last_end: float | None = None
-        # Seconds of steps taken, whatever the horizon kept: the training loop's own time
-        # (steps follow each other inside a pass; the time outside it is in none).
+        # Seconds of the steps taken, their whole periods (a step longer than the horizon
+        # too, which its buckets keep only a part of): the training loop's own time (steps
+        # follow each other inside a pass; the time outside it is in none).
         self.covered_total_s = 0.0
         # The earliest end for which finish_until closes a bucket: the end of the bucket
         # after the newest finished one. Before it, a call does nothing (callers skip it).
@@ -62,9 +63,11 @@ class Throughput:
         # past every finished bucket, and a step inside one bucket is within the horizon).
         lo, hi = math.inf, -math.inf  # no bucket yet: nothing falls in it
         samples = steps = covered = wait_s = wait_cov = device_s = device_cov = 0.0
+        whole_periods = 0.0
         for record in records:
             end = record.end_time
             period = record.period_s
+            whole_periods += period
             start = end - period
             if lo <= start < end <= hi:
                 last_end = end  # validated: the records are oldest first
@@ -123,6 +126,7 @@ class Throughput:
                 device_s += device if whole else device * cover / period
         if current is not None:
             self._put(current, samples, steps, covered, wait_s, wait_cov, device_s, device_cov)
+        self.covered_total_s += whole_periods
         if last_end != -math.inf:
             self.last_end = last_end
 
@@ -225,6 +229,7 @@ class Throughput:
         if steps and current is not None:
             puts.append((current, samples, steps, covered, wait_s, no_wait, device_s, no_device))
         total = 0
+        whole = 0.0  # the rows' periods, microseconds
         buckets = self._open
         # Per bucket the times summed, and the period of its steps without a wait / without
         # a device time (the part the wait and device shares do not cover).
@@ -236,14 +241,16 @@ class Throughput:
             bucket.samples += samples
             bucket.steps += steps
             bucket.covered_s += covered / us
-            self.covered_total_s += covered / us
+            whole += covered
             bucket.wait_s += wait_s / us
             bucket.wait_covered_s += (covered - no_wait) / us
             bucket.device_s += device_s / us
             bucket.device_covered_s += (covered - no_device) / us
         for part in spreads:
             total += part[5]
+            whole += part[4] * us
             self._spread(*part)
+        self.covered_total_s += whole / us
         end_s = base + prev_end / us
         if self.last_end is None or end_s > self.last_end:
             self.last_end = end_s
@@ -267,7 +274,6 @@ class Throughput:
         bucket.samples += samples
         bucket.steps += steps
         bucket.covered_s += covered
-        self.covered_total_s += covered
         bucket.wait_s += wait_s
         bucket.wait_covered_s += wait_covered
         bucket.device_s += device_s
@@ -302,7 +308,6 @@ class Throughput:
             bucket.samples += samples * share
             bucket.steps += share
             bucket.covered_s += cover
-            self.covered_total_s += cover
             if wait is not None:
                 bucket.wait_covered_s += cover
                 bucket.wait_s += wait_fraction * cover
