@@ -255,6 +255,57 @@ def test_a_run_that_ends_is_shown_exited_with_all_its_steps_not_as_killed(
         src.stop()
 
 
+def test_a_dropped_peer_waits_for_unread_messages_at_most_a_while() -> None:
+    """Reconnecting throws away what the dropped peer's pipe still holds, so it waits
+    while messages wait to be read; but a stream from other peers that never lets the
+    socket empty kept it away for good (transport.REVIVE_POSTPONE_MAX_S)."""
+    pub = Publisher("tcp://127.0.0.1:*")
+    sub = Subscriber()
+    dropped = "tcp://127.0.0.1:9"  # nothing listens: connecting costs nothing
+    try:
+        sub.connect(pub.endpoint)
+        sub.connect(dropped)
+        frames = encode(marker("waiting"))
+        assert until(lambda: transport._readable(sub._sock), lambda: pub.send(frames))
+        sub._dropped[dropped] = time.monotonic()  # just seen dropped, messages unread
+        assert sub._revive_dropped() == 0.0 and dropped in sub._dropped  # read first
+        sub._dropped[dropped] = time.monotonic() - transport.REVIVE_POSTPONE_MAX_S
+        assert transport._readable(sub._sock)
+        assert sub._revive_dropped() is None and dropped not in sub._dropped  # at last
+    finally:
+        sub.close()
+        pub.close()
+
+
+class FullThenShort:
+    """A subscriber whose first read is full (RECEIVE_MAX messages) and the next short."""
+
+    def __init__(self) -> None:
+        self.reads = [[[b"x"]] * transport.RECEIVE_MAX, [[b"x"]]]
+        self.disconnected: list[str] = []
+
+    def receive(self, timeout_s: float) -> list[list[bytes]]:
+        return self.reads.pop(0) if self.reads else []
+
+    def disconnect(self, endpoint: str) -> None:
+        self.disconnected.append(endpoint)
+
+
+def test_a_run_whose_record_went_is_let_go_only_after_a_read_that_took_all() -> None:
+    """A full read may leave the run's bye behind: disconnecting then throws it away."""
+    src = ZmqSource(discover=False, local_sampler=False)
+    src._known, src._last_error, src._eager_until = {}, {}, 0.0
+    src._last_local_sample = src._last_foreign_host_sample = 0.0
+    src._ended = [("ipc:///gone.sock", "gone", time.monotonic())]
+    sub = FullThenShort()
+    events: list[SourceEvent] = []
+    src._iteration(sub, events)  # type: ignore[arg-type]
+    assert sub.disconnected == [] and src._ended  # a full read: not yet
+    src._iteration(sub, events)  # type: ignore[arg-type]
+    assert sub.disconnected == ["ipc:///gone.sock"] and not src._ended
+    assert [e.state for e in events if isinstance(e, EndpointState)] == ["detached"]
+
+
 def test_a_flood_of_garbage_is_reported_rate_limited_and_valid_messages_still_pass(
     wired: tuple[Publisher, ZmqSource, Collected],
 ) -> None:
