@@ -225,6 +225,19 @@ def test_a_network_address_is_refused_without_insecure(listen: str) -> None:
     assert "refused" in err and "--insecure" in err
 
 
+def test_keys_do_not_open_the_network_to_plain_http(capsys: pytest.CaptureFixture[str]) -> None:
+    """CURVE keys (gputop keys) let a probe listen on the network: they protect its ZMQ
+    stream. The exporter took the same rule, and served /metrics to the network."""
+    from gputop_dl.tui.cli import main
+
+    assert main(["keys"]) == 0
+    capsys.readouterr()
+    proc = exporter("--listen", "0.0.0.0:0", "--no-local")
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert "plain HTTP" in err and "--insecure" in err
+
+
 def test_insecure_allows_a_wildcard_and_warns() -> None:
     proc = exporter("--listen", "0.0.0.0:0", "--insecure", "--no-local")
     try:

@@ -166,8 +166,19 @@ def exporter_parser() -> argparse.ArgumentParser:
     return ap
 
 
+EXPOSED_REFUSAL = (
+    "serving metrics on {address} refused: plain HTTP, readable by anyone who can reach "
+    "this host (gputop keys protect the probes' streams, not this); scrape it on "
+    "127.0.0.1 (a local Prometheus, or ssh -L), or pass --insecure"
+)
+EXPOSED_WARNING = (
+    "serving metrics on {address} as asked (--insecure): anyone who can reach this host "
+    "can read them (plain HTTP, no authentication)"
+)
+
+
 def cmd_exporter(argv: list[str]) -> int:
-    from gputop_dl.probe.transport import EXPOSED, exposure, listen_policy
+    from gputop_dl.probe.transport import EXPOSED, exposure
     from gputop_dl.tui.cli import _only_remote, reachable
     from gputop_dl.tui.source import GATHER_MAX_S, ZmqSource
 
@@ -177,15 +188,16 @@ def cmd_exporter(argv: list[str]) -> int:
         host, port = parse_listen(args.listen)
     except ListenError as exc:
         ap.error(str(exc))
-    # The access rules of every gputop listener (docs/protocol.md, "Access").
+    # The access rules of every gputop listener (docs/protocol.md, "Access"), but CURVE
+    # keys do not cover plain HTTP: with keys made for the probes, a network address
+    # was served to anyone who could reach it.
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    refusal, warning = listen_policy(f"tcp://{shown}", insecure=args.insecure, opt_in="--insecure")
-    if refusal is not None:
-        print(f"gputop exporter: {refusal}", file=sys.stderr)
-        return EXIT_USAGE
-    if warning is not None and exposure(f"tcp://{shown}") == EXPOSED:
+    if exposure(f"tcp://{shown}") == EXPOSED:
+        if not args.insecure:
+            print(f"gputop exporter: {EXPOSED_REFUSAL.format(address=shown)}", file=sys.stderr)
+            return EXIT_USAGE
         # Loopback, the default, goes unsaid: metrics on loopback are the norm.
-        print(f"gputop exporter: warning: {warning}", file=sys.stderr)
+        print(f"gputop exporter: warning: {EXPOSED_WARNING.format(address=shown)}", file=sys.stderr)
     targets = args.endpoints
     if targets:
         targets = reachable("gputop exporter", targets)

@@ -161,10 +161,10 @@ def snapshot_recording(path: str, at: str | None, as_json: bool) -> int:
     shown = min(timeline.end, max(timeline.start, moment))
     if shown != moment:  # a typo must not pass for the recording's edge
         edge = "end" if moment > timeline.end else "start"
+        where = "past the recording's end" if edge == "end" else "before the recording's start"
         length = fmt_duration(timeline.end - timeline.start)
         print(
-            f"gputop snapshot: --at {at} is past the recording's {edge} (it lasts {length}): "
-            f"showing its {edge}",
+            f"gputop snapshot: --at {at} is {where} (it lasts {length}): showing its {edge}",
             file=sys.stderr,
         )
     moment = shown
