@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,16 @@ def test_export_says_what_to_write_and_refuses_a_non_recording(tmp_path: Path) -
     assert exc.value.code == 2
     assert main(["export", str(other), "--csv", str(tmp_path / "out")]) == 1
     assert main(["export", str(tmp_path / "missing"), "--csv", str(tmp_path / "out")]) == 1
+
+
+def test_export_refuses_a_fifo_without_waiting_for_a_writer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Opening a FIFO waits for a writer: `gputop export FIFO` hung for good."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert main(["export", str(fifo), "--csv", str(tmp_path / "out")]) == 1
+    assert "not a regular file" in capsys.readouterr().err
 
 
 def test_an_empty_run_exports_an_empty_but_loadable_trace(tmp_path: Path) -> None:

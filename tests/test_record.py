@@ -416,7 +416,9 @@ def datetime_iso(t: float) -> str:
 # ------------------------------------------------------------ gputop record itself
 
 
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("sig", "status"), [(signal.SIGINT, 0), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_record_stops_cleanly_on_a_signal(tmp_path: Path, sig: int, status: int) -> None:
     path = tmp_path / "r.gtrec"
     recorder = subprocess.Popen(
@@ -434,6 +436,18 @@ def test_record_stops_cleanly_on_a_signal(tmp_path: Path, sig: int, status: int)
             recorder.kill()
     recording = open_recording(path)
     assert list(recording.entries()) == [] and recording.notes.count == 0
+
+
+def test_a_split_recording_is_refused_at_start_where_a_part_exists(tmp_path: Path) -> None:
+    """FILE.1 there already stopped a --max-size recording part-way ("File exists"),
+    after its summary had counted the part."""
+    path = tmp_path / "r.gtrec"
+    (tmp_path / "r.gtrec.2").write_text("keep me")
+    run = [sys.executable, "-m", "gputop_dl", "record", str(path), "--no-local"]
+    out = subprocess.run([*run, "--max-size", "64k"], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "a part of another recording is there" in out.stderr and "r.gtrec.2" in out.stderr
+    assert not path.exists() and (tmp_path / "r.gtrec.2").read_text() == "keep me"
 
 
 def test_record_refuses_an_existing_file_and_a_dead_endpoint(tmp_path: Path) -> None:

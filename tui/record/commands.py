@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import sys
 from datetime import datetime
@@ -89,7 +88,11 @@ def cmd_record(argv: list[str]) -> int:
     try:
         writer = RecordWriter(args.file, host=socket.gethostname(), max_size=args.max_size)
     except OSError as exc:
-        print(f"gputop record: cannot create {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        where = f" ({exc.filename})" if exc.filename and exc.filename != args.file else ""
+        print(
+            f"gputop record: cannot create {args.file}: {exc.strerror or exc}{where}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     recorder = TapRecorder(writer)
     only_remote = bool(targets) and all(e.startswith("tcp://") for e in targets)
@@ -99,7 +102,7 @@ def cmd_record(argv: list[str]) -> int:
         local_sampler=not args.no_local and not only_remote,
         raw_tap=recorder.tap,
     )
-    signals = StopSignals((signal.SIGINT, signal.SIGTERM))
+    signals = StopSignals()  # SIGHUP too: a dropped ssh session must not lose the last chunk
     print(
         f"gputop record: recording to {args.file} ({CODEC_NAMES[writer.codec]}); Ctrl-C stops",
         file=sys.stderr,

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from gputop_dl.tui.events import BadInput, Received
 from gputop_dl.tui.record.format import (
@@ -42,7 +45,7 @@ class Recording:
         """Every stored message in file order (damage skipped, noted in ``notes``)."""
         for path in self.paths:
             try:
-                with open(path, "rb") as stream:
+                with open_file(path) as stream:
                     read_header(stream)
                     for raw in iter_chunks(stream, self.notes):
                         yield from iter_entries(raw, self.notes)
@@ -50,11 +53,24 @@ class Recording:
                 self.notes.add(f"{path.name}: {exc}", 0)
 
 
+def open_file(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file, else NotARecording: opening a
+    FIFO waited for a writer for ever (``gputop export FIFO`` hung)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARecording("not a regular file (a FIFO, a device or a directory?)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def open_recording(path: str | Path) -> Recording:
     """The recording at ``path`` with the parts that follow it (FILE.1, FILE.2, ... of the
     same recording id). Raises NotARecording or OSError for the first file only."""
     first = Path(path)
-    with open(first, "rb") as stream:
+    with open_file(first) as stream:
         header = read_header(stream)
     paths = [first]
     for part in itertools.count(header.part + 1):
@@ -63,7 +79,7 @@ def open_recording(path: str | Path) -> Recording:
         base = first if header.part == 0 else first.with_name(first.name.rsplit(".", 1)[0])
         candidate = part_path(base, part)
         try:
-            with open(candidate, "rb") as stream:
+            with open_file(candidate) as stream:
                 if read_header(stream).recording != header.recording:
                     break
         except (OSError, NotARecording):

@@ -9,6 +9,7 @@ most ``max_size`` bytes (a single chunk larger than that still gets a part of it
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import time
@@ -29,6 +30,18 @@ from gputop_dl.tui.record.format import (
 FLUSH_EVERY_S = 1.0
 CHUNK_BYTES = 4 * 1024 * 1024  # raw bytes buffered at most before a chunk is cut
 MIN_MAX_SIZE = 64 * 1024
+
+
+def _no_parts_there(path: Path) -> None:
+    """FileExistsError when a FILE.n is there already: a split recording would stop at
+    it part-way (each part is created, never overwritten), so it is refused at start."""
+    prefix = f"{path.name}."
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.name[len(prefix) :].isdigit():
+                raise FileExistsError(
+                    errno.EEXIST, "a part of another recording is there", entry.path
+                )
 
 
 def part_path(path: Path, part: int) -> Path:
@@ -64,6 +77,8 @@ class RecordWriter:
             origin=origin,
         )
         self.part = 0
+        if max_size is not None:
+            _no_parts_there(self.path)
         self.frames = 0  # entries written (or buffered) in all
         self.bytes_written = 0  # in all parts
         self._buffer: list[bytes] = []
