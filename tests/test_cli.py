@@ -435,3 +435,16 @@ def test_list_cleans_a_run_name_of_escape_sequences(
     assert "RED" in out and "pwned" in out and "tab here next" in out
     line = out.rstrip("\n")
     assert "\n" not in line and all(c.isprintable() for c in line), repr(line)
+
+
+def test_a_recording_that_is_not_there_is_said_to_be_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FILE is a recording only if it exists; a missing one read as a bad endpoint."""
+    from gputop_dl.tui.cli import main
+
+    for name in (str(tmp_path / "gone.gtrec"), "gone.gtrec"):
+        with pytest.raises(SystemExit) as exc:
+            main(["snapshot", name])
+        assert exc.value.code == 2
+        assert "nor is it a recording: no such file" in capsys.readouterr().err

@@ -146,6 +146,11 @@ def endpoint_arg(text: str) -> str:
     try:
         return endpoints.parse(text)
     except endpoints.EndpointError as exc:
+        if "://" not in text and (os.sep in text or text.endswith(".gtrec")):
+            # A recording's name, most likely: it is taken as one only if it exists.
+            raise argparse.ArgumentTypeError(
+                f"{exc}; nor is it a recording: no such file"
+            ) from None
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

@@ -55,7 +55,7 @@ def parse_moment(text: str, start: float, end: float) -> float:
 
 # ------------------------------------------------------------------------ record
 def cmd_record(argv: list[str]) -> int:
-    from gputop_dl.tui.cli import HelpFormatter, endpoint_arg, reachable
+    from gputop_dl.tui.cli import HelpFormatter, endpoint_arg, in_range, reachable
 
     ap = argparse.ArgumentParser(
         prog="gputop record",
@@ -71,7 +71,12 @@ def cmd_record(argv: list[str]) -> int:
         metavar="SIZE",
         help="start a new part when a file reaches SIZE (e.g. 100M): FILE, FILE.1, FILE.2, ...",
     )
-    ap.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
+    ap.add_argument(
+        "--duration",
+        type=in_range(0.0, 1e9, low_open=True),
+        metavar="SECONDS",
+        help="stop after this long",
+    )
     ap.add_argument(
         "--no-local", action="store_true", help="do not sample this host when no probe does"
     )
