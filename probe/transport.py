@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import ipaddress
 import math
+import operator
 import os
 import struct
 import threading
@@ -422,8 +424,13 @@ class Subscriber:
         self._sock.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
         # libzmq drops a peer that sends a frame over MAXMSGSIZE as a protocol error and,
         # unlike after a network error, never reconnects: one hostile or buggy frame would
-        # cut the viewer off for good. The monitor tells which endpoint was dropped.
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # cut the viewer off for good. The monitor tells which endpoint was dropped, and
+        # which refused this subscriber's security handshake (a key not admitted there).
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED_EVENTS
+        )
+        # endpoint -> why its handshake failed, the newest (libzmq tries again by itself)
+        self.refusals: dict[str, str] = {}
         self._poller = zmq.Poller()
         # Not the monitor: libzmq retries a peer that accepts and closes ~10 times a
         # second, each a DISCONNECTED event; a dropped peer waits for the next receive.
@@ -478,7 +485,13 @@ class Subscriber:
             except zmq.ZMQError:
                 break
             endpoint = frames[-1].decode(errors="replace") if len(frames) == 2 else ""
-            if endpoint in self.endpoints:
+            if endpoint not in self.endpoints:
+                continue
+            event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
+            refusal = HANDSHAKE_FAILED.get(event)
+            if refusal is not None:
+                self.refusals[endpoint] = refusal
+            else:
                 self._dropped.setdefault(endpoint, time.monotonic())
         now = time.monotonic()
         next_in: float | None = None
@@ -832,6 +845,25 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
     (the publisher thread asks on every send)."""
     return bool(int(sock.getsockopt(_EVENTS)) & _POLLIN)
 
+
+# Why a server refused this subscriber's security handshake, by monitor event: what the
+# viewer says of the endpoint (without it, "connecting" for ever, and "no run found").
+HANDSHAKE_FAILED = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): (
+        "authentication failed: this viewer's key is not admitted there (on that host: "
+        "gputop keys --authorize THIS_KEY, then restart the probe)"
+    ),
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): (
+        "the security handshake failed: the server wants CURVE keys and this viewer has "
+        "none (gputop keys), or another server key (GPUTOP_SERVER_KEY)"
+    ),
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): (
+        "the security handshake failed (protocol): not a gputop publisher, or other "
+        "security settings on each side"
+    ),
+}
+_HANDSHAKE_FAILED_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILED)
+_MONITOR_EVENT = struct.Struct("=H")  # a monitor message's first frame: event, value
 
 # Plain ints: zmq's constants are enum members, and `&` on an IntFlag costs microseconds.
 _EVENTS = int(zmq.EVENTS)

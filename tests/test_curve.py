@@ -150,6 +150,8 @@ def test_wrong_key_receives_nothing(publisher: tuple[Publisher, str, CurveKeys])
     try:
         sub.connect(endpoint)
         assert received(pub, sub, 3) == []
+        # ... and it says why (a viewer showed "connecting" for ever, snapshot "no run")
+        assert sub.refusals.get(endpoint, "").startswith("authentication failed"), sub.refusals
     finally:
         sub.close()
     assert pub.denied > 0  # turned away by the ZAP check, at the handshake
@@ -164,6 +166,8 @@ def test_no_key_receives_nothing(
     try:
         sub.connect(endpoint)
         assert received(pub, sub, 3) == []
+        why = sub.refusals.get(endpoint, "")
+        assert why.startswith("the security handshake failed: the server wants CURVE"), why
     finally:
         sub.close()
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
+import zmq
 from fakes_tui import hello, system_sample
 
 import gputop_dl.probe.transport as transport
@@ -283,6 +284,7 @@ class FullThenShort:
     def __init__(self) -> None:
         self.reads = [[[b"x"]] * transport.RECEIVE_MAX, [[b"x"]]]
         self.disconnected: list[str] = []
+        self.refusals: dict[str, str] = {}
 
     def receive(self, timeout_s: float) -> list[list[bytes]]:
         return self.reads.pop(0) if self.reads else []
@@ -297,6 +299,7 @@ def test_a_run_whose_record_went_is_let_go_only_after_a_read_that_took_all() -> 
     src._known, src._last_error, src._eager_until = {}, {}, 0.0
     src._last_local_sample = src._last_foreign_host_sample = 0.0
     src._ended = [("ipc:///gone.sock", "gone", time.monotonic())]
+    src._refused = {}
     sub = FullThenShort()
     events: list[SourceEvent] = []
     src._iteration(sub, events)  # type: ignore[arg-type]
@@ -626,3 +629,26 @@ def test_a_probe_sampling_this_host_does_not_make_the_source_spin(
 )
 def test_a_viewer_gathers_for_half_its_refresh_period(refresh_hz: float, gather_s: float) -> None:
     assert source_module.gather_for(refresh_hz) == pytest.approx(gather_s)
+
+
+def test_a_refused_handshake_is_reported_once_per_reason() -> None:
+    """libzmq retries a server that refuses this viewer's key: the reason is an endpoint
+    error once (the error line, snapshot's errors), not on every retry."""
+    src = ZmqSource(discover=False, local_sampler=False)
+    src._known, src._last_error, src._eager_until = {}, {}, 0.0
+    src._last_local_sample = src._last_foreign_host_sample = 0.0
+    src._ended, src._refused = [], {}
+    sub = FullThenShort()
+    sub.reads = [[], [], []]
+    sub.refusals["tcp://node1:5555"] = transport.HANDSHAKE_FAILED[
+        int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    ]
+    events: list[SourceEvent] = []
+    for _ in range(3):
+        src._iteration(sub, events)  # type: ignore[arg-type]
+    errors = [e for e in events if isinstance(e, EndpointState)]
+    assert [(e.endpoint, e.state) for e in errors] == [("tcp://node1:5555", "error")]
+    assert errors[0].detail.startswith("authentication failed")
+    state = ViewerState(socket.gethostname())
+    state.apply_all(events)
+    assert any("authentication failed" in e.text for e in state.errors), state.errors

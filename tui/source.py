@@ -100,6 +100,7 @@ class ZmqSource(ThreadSource):
         self._known: dict[str, str] = {}  # discovered endpoint -> run name
         # (endpoint, name, monotonic time) of runs whose records went, to let go of
         self._ended: list[tuple[str, str, float]] = []
+        self._refused: dict[str, str] = {}  # endpoint -> the refusal already reported
         self._last_discover = 0.0
         self._last_local_sample = 0.0
         self._last_foreign_host_sample = 0.0
@@ -139,6 +140,11 @@ class ZmqSource(ThreadSource):
         # comes: disconnecting throws away what is still unread from them.
         drained = len(received) < RECEIVE_MAX
         ended = [e for e in self._ended if drained or now - e[2] >= ENDED_WAIT_MAX_S]
+        for endpoint, why in sub.refusals.items():  # once each: libzmq retries them
+            if self._refused.get(endpoint) != why:
+                self._refused[endpoint] = why
+                name = self._known.get(endpoint)
+                events.append(EndpointState(endpoint, "error", why, name))
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
