@@ -243,6 +243,19 @@ def test_export_says_what_to_write_and_refuses_a_non_recording(tmp_path: Path) -
     assert main(["export", str(tmp_path / "missing"), "--csv", str(tmp_path / "out")]) == 1
 
 
+@pytest.mark.parametrize("span", [["--from", "1h"], ["--from", "30s", "--to", "10s"]])
+def test_a_range_outside_the_recording_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], span: list[str]
+) -> None:
+    """It exported empty step tables and verdict rows stamped past the recording's end."""
+    path = tmp_path / "r.gtrec"
+    write_events(path, fault_run())
+    out = tmp_path / "out"
+    assert main(["export", str(path), "--csv", str(out), *span]) == 2
+    assert "hold none of the recording" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_export_refuses_a_fifo_without_waiting_for_a_writer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -295,6 +295,16 @@ def cmd_export(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"gputop export: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # A range that holds none of the recording wrote empty tables, and verdict rows of
+    # moments it does not have: refused, with what the recording holds.
+    if span[0] >= span[1] or span[0] > timeline.end or span[1] < timeline.start:
+        length = fmt_duration(timeline.end - timeline.start)
+        print(
+            f"gputop export: --from/--to hold none of the recording (it lasts {length}; "
+            "--from 0s to --to -0s is all of it)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         if args.perfetto:
             count = write_perfetto(timeline, Path(args.perfetto), span)
