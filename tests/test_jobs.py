@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gputop_dl.probe.jobenv import JobIdentity, job_identity
-from gputop_dl.probe.messages import DeviceRef, Hello, StepRecord, Steps, System
+from gputop_dl.probe.messages import Bye, DeviceRef, Hello, StepRecord, Steps, System
 from gputop_dl.probe.samples import DiskSample, GpuSample, SystemSample
 from gputop_dl.tui.analysis.job import (
     GAP_ENTER,
@@ -311,6 +311,36 @@ def test_missing_ranks_are_listed() -> None:
     assert any("not heard from: rank 1, 4, 5, 6, 7 (3 of 8 reporting)" in e for e in v.evidence)
 
 
+KILLED = "exited: process gone without goodbye (killed?)"
+
+
+def test_a_rank_that_ended_is_the_jobs_news() -> None:
+    """A killed rank was counted among the ranks, and the rest were "all 2 ranks alike"."""
+    ranks = [rank(0), replace(rank(1), figures=None, ended=KILLED, ended_ago_s=4.0), rank(2)]
+    v = judge_job(ranks, 3)
+    assert v.kind == "ended" and v.severity == "critical", v
+    assert v.straggler_rank == 1 and v.reporting == 2
+    assert v.headline == (
+        f"rank 1 on node1 {KILLED}: the 2 still running wait for it at their next collective"
+    )
+    # all ended: the first to end is named (a killed rank, then the others crashed)
+    crashed = "exited: crashed (RuntimeError: NCCL error) after 1,201 steps"
+    all_ended = [
+        replace(rank(0), figures=None, ended=crashed, ended_ago_s=1.0),
+        replace(rank(1), figures=None, ended=KILLED, ended_ago_s=9.0),
+        replace(rank(2), figures=None, ended=crashed, ended_ago_s=1.0),
+    ]
+    v = judge_job(all_ended, 3)
+    assert v.kind == "ended" and v.headline == f"the job ended: rank 1 on node1 first ({KILLED})"
+    assert "then rank 0, 2 ended too" in v.evidence
+    # a job that finished: every rank exited as it said, no alarm
+    done = [
+        replace(rank(r), figures=None, ended="exited: process exit", ended_ago_s=2.0)
+        for r in range(3)
+    ]
+    assert judge_job(done, 3).severity == "info"
+
+
 def test_shown_straggler_holds_down_to_the_exit_gap() -> None:
     entered = judge_job([rank(0), rank(1, wait=0.04)], 2)
     assert entered.kind == "straggler"
@@ -390,6 +420,19 @@ def test_viewer_groups_ranks_and_names_the_straggler() -> None:
     assert row.verdict is not None and row.verdict.startswith("input-bound")
     assert state.job_of("node1:100") is job
     assert state.job_of("node8:107") is None
+
+
+def test_the_viewer_says_a_rank_of_a_job_crashed() -> None:
+    state = ViewerState("viewer-host", pid_alive=False)
+    for r in range(3):
+        feed(state, hello(r, world=3), 0.005)
+    crashed = hello(1, world=3)
+    state.apply(Received(Bye(crashed.source_id, "crashed (RuntimeError: boom)", 60), T0 + 10.5))
+    state.tick(T0 + 11.0)
+    (job,) = state.jobs
+    assert job.verdict is not None and job.verdict.kind == "ended", job.verdict
+    assert job.verdict.severity == "critical" and job.verdict.straggler_rank == 1
+    assert "crashed (RuntimeError: boom)" in job.verdict.headline
 
 
 def test_a_restarted_rank_counts_once() -> None:

@@ -160,11 +160,13 @@ class RankInput:
     figures: RankFigures | None
     verdict: Verdict | None  # its own verdict (the analyzer's), if judged yet
     last_index: int | None = None  # index of its newest step
+    ended: str | None = None  # how its run ended ("exited: …", "lost: …"), if it did
+    ended_ago_s: float | None = None  # since when (its connection's age)
 
 
 @dataclass(frozen=True)
 class JobVerdict:
-    kind: str  # "waiting", "straggler", "alike", "uneven"
+    kind: str  # "waiting", "ended", "straggler", "alike", "uneven"
     severity: str  # "ok", "info", "warning"
     headline: str
     straggler: str | None = None  # the run (source id) holding the job back
@@ -240,6 +242,9 @@ def judge_job(
         notes.append(
             f"not heard from: rank {_ranks_text(missing)} ({len(ranks)} of {world_size} reporting)"
         )
+    ended = _ended(ranks, notes, missing)
+    if ended is not None:
+        return ended
     hung = _hang(ranks, notes, missing)
     if hung is not None:
         return hung
@@ -290,6 +295,42 @@ def judge_job(
         return _alike(compared, notes, missing)
     return _straggler(
         slow_ranks, [r for r in compared if r not in slow_ranks], hosts, notes, missing
+    )
+
+
+def _ended(
+    ranks: Sequence[RankInput], notes: list[str], missing: tuple[int, ...]
+) -> JobVerdict | None:
+    """A rank whose run ended (exited, killed, lost): the ranks still running wait for it
+    at their next collective; when all ended, the first to end. The job line counted it
+    among the ranks as if it ran ("3 of 3 ranks · all 2 ranks alike")."""
+    gone = [r for r in ranks if r.ended is not None]
+    if not gone:
+        return None
+    first = max(gone, key=lambda r: r.ended_ago_s if r.ended_ago_s is not None else -1.0)
+    who = f"rank {first.rank}" if first.rank is not None else "a rank"
+    where = f" on {first.host}" if first.host else ""
+    bad = any(word in (first.ended or "") for word in ("killed", "crashed", "lost"))
+    others = [r.rank for r in gone if r is not first and r.rank is not None]
+    evidence = [f"then rank {_ranks_text(others)} ended too"] if others else []
+    if len(gone) == len(ranks):
+        headline = f"the job ended: {who}{where} first ({first.ended})"
+    else:
+        running = len(ranks) - len(gone)
+        headline = (
+            f"{who}{where} {first.ended}: the {running} still running wait for it at "
+            "their next collective"
+        )
+    return JobVerdict(
+        "ended",
+        "critical" if bad else "info",
+        headline,
+        straggler=first.key,
+        straggler_rank=first.rank,
+        straggler_host=first.host,
+        evidence=(*evidence, *notes),
+        reporting=len(ranks) - len(gone),
+        missing=missing,
     )
 
 
@@ -465,7 +506,12 @@ class JobTracker:
     def update(self, verdict: JobVerdict, now: float) -> JobVerdict:
         shown = self._shown
         same = shown is not None and _identity(verdict) == _identity(shown)
-        if shown is None or same or verdict.kind == "waiting" or shown.kind == "waiting":
+        if (
+            shown is None
+            or same
+            or "waiting" in (verdict.kind, shown.kind)
+            or verdict.kind == "ended"
+        ):
             since = shown.since if same and shown is not None else now
             return self._show(verdict, since)
         key = _identity(verdict)

@@ -27,7 +27,7 @@ from gputop_dl.tui.analysis.job import (
 )
 from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS, MIN_STEPS
 from gputop_dl.tui.state.hosts import Hosts
-from gputop_dl.tui.state.model import LIVE, Connection
+from gputop_dl.tui.state.model import EXITED, LIVE, LOST, Connection
 from gputop_dl.tui.state.run import Run
 
 if TYPE_CHECKING:
@@ -257,6 +257,8 @@ class Jobs:
                 figures[run.source_id] if connection.state == LIVE else None,
                 run.verdict,
                 run.last_index,
+                connection.text if connection.state in (EXITED, LOST) else None,
+                connection.age_s,
             )
             for run, connection in members
         ]
