@@ -275,6 +275,18 @@ def test_straggler_headline_names_cause_and_compares_nodes() -> None:
     assert any(e.startswith("data wait: 30 ms per step vs 5.0 ms") for e in v.evidence)
 
 
+def test_a_slow_forward_is_the_cause_though_every_rank_waits_for_data() -> None:
+    """All ranks wait for data alike (their own verdicts: input-bound); one is slow in its
+    forward. It was blamed on its data loading ("input-bound/few-workers"), whose advice
+    (more workers) would not help it."""
+    ranks = [rank(r, wait=0.03, phases=(("forward", 0.001),), v=INPUT_FEW) for r in range(3)]
+    ranks[1] = rank(1, wait=0.03, phases=(("forward", 0.031),), v=INPUT_FEW)
+    v = judge_job(ranks, 3)
+    assert v.kind == "straggler" and v.straggler_rank == 1, v
+    assert v.cause == "slow forward", v.cause
+    assert v.evidence[0].startswith("forward: 31 ms per step vs 1.0 ms"), v.evidence
+
+
 def test_alike_gives_the_common_verdict() -> None:
     ranks = [rank(r, wait=0.05, v=INPUT_FEW) for r in range(3)] + [rank(3, v=COMPUTE)]
     v = judge_job(ranks, 4)

@@ -435,12 +435,15 @@ def _straggler(
     )
     slower = excess / (period - excess) if period > excess else None
     verdict = worst.verdict
-    if verdict is not None and verdict.kind == "input-bound":
-        cause: str | None = _verdict_name(verdict)
-    elif part == DATA_WAIT:
-        cause = "input-bound"
+    # The cause is the part it spends more on than the others, named by its own verdict
+    # only when that part is the data wait: all ranks of a job may wait alike for data
+    # while one is slow in its forward, and "more workers" would not help that one.
+    if part != DATA_WAIT:
+        cause: str | None = f"slow {part}"
+    elif verdict is not None and verdict.kind == "input-bound":
+        cause = _verdict_name(verdict)
     else:
-        cause = f"slow {part}"
+        cause = "input-bound"
     host_line = _host_line(verdict.cause if verdict is not None else None, worst, fast, hosts)
     where = f" on {worst.host}" if worst.host else ""
     who = f"rank {worst.rank}{where}"
