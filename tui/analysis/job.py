@@ -462,7 +462,8 @@ def _straggler(
     theirs = statistics.median(_own(r) for r in fast)
     evidence.append(
         f"own time {pct(_own(worst))} of each step vs {pct(theirs)}; "
-        f"every rank steps every {dur(period)}: the others wait for it inside the collective"
+        f"the ranks step every {dur(period)} (median): in a collective, the others wait "
+        "for it there"
     )
     if verdict is not None and verdict.kind not in ("warming-up", "error"):
         evidence.append(f"its own verdict: {verdict.headline}")
