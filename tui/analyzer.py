@@ -237,11 +237,21 @@ def _has_device_timing(stats: StepStats) -> bool:
 # --- warming up and stalls ------------------------------------------------------------------
 
 
-def _loop_entered(hello: Hello | None) -> float | None:
-    """Unix time the watched loop was entered, while the training is inside it."""
-    if hello is None or hello.loop != "in-loop":
-        return None
-    return hello.loop_since
+def _progress(window: Window) -> tuple[float | None, int | None, float | None]:
+    """(Unix time the newest step ended, its index, Unix time the watched loop was
+    entered while the training is inside it): from the window's steps, or the progress
+    the probe repeats in its hello (a viewer that attached during a hang has no steps).
+    A stall or a slow start counts from the later of the step's end and the entry: a
+    pass entered after an evaluation waits from there."""
+    hello = window.hello
+    end = max((s.end_time for s in window.steps), default=None)
+    index = window.steps[-1].index if window.steps else None
+    if hello is not None and hello.last_step_end is not None:
+        end = hello.last_step_end if end is None else max(end, hello.last_step_end)
+        if index is None or hello.step_count - 1 > index:
+            index = hello.step_count - 1
+    entered = hello.loop_since if hello is not None and hello.loop == "in-loop" else None
+    return end, index, entered
 
 
 def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
@@ -279,18 +289,15 @@ def _slow_start(window: Window, steps: list[StepRecord], evidence: list[str]) ->
     warning with where the training thread is. Not a stall: a first step may take
     minutes (torch.compile, NCCL setup), and a hang there looks the same."""
     hello = window.hello
-    entered = _loop_entered(hello)
+    end, index, entered = _progress(window)
     if hello is None or entered is None:
         return None
-    done = max(hello.step_count, window.steps[-1].index + 1 if window.steps else 0)
+    done = 0 if index is None else index + 1
     if done >= MIN_STEPS:
         # The probe knows a typical step (its rule): slow steps are judged as a stall
         # is, against it (usable steps leave out the prefetched ones: not the count).
         return None
-    ends = [s.end_time for s in window.steps]
-    if hello.last_step_end is not None:
-        ends.append(hello.last_step_end)
-    gap = window.now - max([*ends, entered])
+    gap = window.now - (entered if end is None else max(end, entered))
     if gap <= FIRST_STEPS_STALL_S:
         return None
     evidence = [
@@ -416,24 +423,18 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     hello = window.hello
     if hello is not None and hello.loop == "outside":
         return None  # not in the loop: nothing is expected to step
-    ends = [s.end_time for s in window.steps]
-    last_index = window.steps[-1].index if window.steps else None
-    if hello is not None and hello.last_step_end is not None:
-        ends.append(hello.last_step_end)
-        if last_index is None or hello.step_count - 1 > last_index:
-            last_index = hello.step_count - 1
-    entered = _loop_entered(hello)
-    if entered is not None and ends:
-        ends.append(entered)  # a pass entered after an evaluation waits from its entry
+    end, last_index, entered = _progress(window)
     if len(steps) >= MIN_STEPS:
         typical: float | None = typical_period(steps, STALL_TYPICAL_STEPS)
     elif hello is not None and hello.step_count >= MIN_STEPS:
         typical = hello.typical_period_s
     else:
         typical = None
-    if typical is None or not ends:
+    if typical is None or end is None:
         return None
-    gap = window.now - max(ends)
+    since = end if entered is None else max(end, entered)
+    from_entry = since != end
+    gap = window.now - since
     limit = max(STALL_FACTOR * typical, STALL_MIN_S)
     if gap <= limit:
         return None
@@ -441,7 +442,7 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     )
-    if entered is not None and entered >= max(ends):
+    if from_entry:
         evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
     else:
         evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
