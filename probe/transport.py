@@ -857,9 +857,11 @@ HANDSHAKE_FAILED = {
         "the security handshake failed: the server wants CURVE keys and this viewer has "
         "none (gputop keys), or another server key (GPUTOP_SERVER_KEY)"
     ),
+    # libzmq reports a server with keys and a client without either way (NO_DETAIL or
+    # PROTOCOL, as the handshake's messages cross): both texts name the keys.
     int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): (
-        "the security handshake failed (protocol): not a gputop publisher, or other "
-        "security settings on each side"
+        "the security handshake failed: the two sides' security differs (CURVE keys on "
+        "one side only: gputop keys; or GPUTOP_SERVER_KEY), or it is not a gputop publisher"
     ),
 }
 _HANDSHAKE_FAILED_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILED)

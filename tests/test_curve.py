@@ -167,7 +167,8 @@ def test_no_key_receives_nothing(
         sub.connect(endpoint)
         assert received(pub, sub, 3) == []
         why = sub.refusals.get(endpoint, "")
-        assert why.startswith("the security handshake failed: the server wants CURVE"), why
+        # NO_DETAIL or PROTOCOL, as the handshake's messages cross: both name the keys
+        assert why.startswith("the security handshake failed") and "gputop keys" in why, why
     finally:
         sub.close()
 
