@@ -36,7 +36,7 @@ from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_dev
 from gputop_dl.probe.history import Batch
 from gputop_dl.probe.history import messages as history_messages
 from gputop_dl.probe.history import trim as trim_history
-from gputop_dl.probe.messages import Bye, DeviceRef, Hello, LoaderInfo, Loop, System
+from gputop_dl.probe.messages import CRASHED, Bye, DeviceRef, Hello, LoaderInfo, Loop, System
 from gputop_dl.probe.protocol import MICROS, HostRow, WireRow, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
 from gputop_dl.probe.stamps import Segment
@@ -75,6 +75,9 @@ DEVICE_EVENT_TIMEOUT_S = 5.0
 # History for subscribers that attach late (docs/protocol.md, "History on attach").
 HISTORY_S = 120.0
 HISTORY_MAX_STEPS = 20_000
+# ... and at least this many steps, however old: a viewer attaching to a run of 5-minute
+# steps gets a typical step (tui analyzer's MIN_STEPS) at once, not after 25 minutes.
+HISTORY_MIN_STEPS = 5
 HISTORY_SYSTEMS = 60
 BASE_EPOCH_S = 3600.0  # wire rows' ends count from one base this long (< 2^32 us)
 RECORDS_PER_MESSAGE = 2_000  # ~80 KB per steps message, far below every limit
@@ -708,7 +711,11 @@ class Probe:
                     periods.extend(batch.periods_us(PERIODS_KEPT))
                     history.append(batch)
                     kept = trim_history(
-                        history, kept + steps, time.time() - HISTORY_S, HISTORY_MAX_STEPS
+                        history,
+                        kept + steps,
+                        time.time() - HISTORY_S,
+                        HISTORY_MAX_STEPS,
+                        HISTORY_MIN_STEPS,
                     )
                 if watched and (self._hello_dirty.is_set() or now - last_hello >= HELLO_EVERY_S):
                     self._hello_dirty.clear()
@@ -1085,7 +1092,7 @@ def exit_reason() -> str:
         text = ""
     text = text if len(text) <= CRASH_TEXT_MAX else text[: CRASH_TEXT_MAX - 1] + "…"
     name = type(error).__name__
-    return f"crashed ({name}: {text})" if text else f"crashed ({name})"
+    return f"{CRASHED} ({name}: {text})" if text else f"{CRASHED} ({name})"
 
 
 def _make_sampler(probe: Probe) -> Any:

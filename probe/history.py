@@ -139,13 +139,14 @@ def parts(batch: Batch) -> Iterator[HostRun | list[HostRow]]:
         yield rows[taken:]
 
 
-def trim(history: deque[Batch], kept: int, horizon: float, at_most: int) -> int:
-    """Drop batches that ended before ``horizon`` (Unix time), then the oldest steps past
-    ``at_most``; return the steps left."""
+def trim(history: deque[Batch], kept: int, horizon: float, at_most: int, at_least: int = 0) -> int:
+    """Drop batches that ended before ``horizon`` (Unix time), unless that would leave
+    fewer than ``at_least`` steps, then the oldest steps past ``at_most``; return the
+    steps left."""
     while history:
         oldest = history[0]
         steps = oldest.steps
-        if oldest.last_end < horizon:
+        if oldest.last_end < horizon and kept - steps >= at_least:
             history.popleft()
             kept -= steps
         elif kept > at_most:

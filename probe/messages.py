@@ -157,6 +157,11 @@ class Loop:
     how: Str | None = None  # when leaving: "exhausted", "break" or "exception:<Type>"
 
 
+# A bye's reason starts with this when an exception no one caught ended the process
+# (docs/protocol.md, "bye"): "crashed (RuntimeError: text)".
+CRASHED = "crashed"
+
+
 @dataclass(frozen=True)
 class Bye:
     """The publisher is going away (normal exit, exception in the loop, signal)."""

@@ -182,6 +182,11 @@ class HpuSample:
     temperature_c: Num | None = None
 
 
+# A node sampler reads the process table (``SystemSample.top``) every TOP_EVERY samples
+# at least, more seldom where walking /proc is dear: its CPU figures cover that span.
+TOP_EVERY = 5
+
+
 @dataclass(frozen=True)
 class TopProcess:
     """One of the node's top CPU consumers over the last interval (any user's process)."""

@@ -1230,6 +1230,11 @@ def test_stall_seen_from_the_hello_alone(
     )
     v = analyze(Window(now=now, steps=(), systems=systems(now), hello=h))
     assert v.kind == kind
+    if kind == "warming-up":  # not "0 of 5 steps" beside a header that counts 1,200
+        assert v.headline == (
+            f"Waiting for the run's recent steps: {step_count:,} steps so far, none received yet"
+        )
+        assert v.evidence[-1].startswith("its last step ended")
     if kind == "stalled":
         assert v.headline == "Stalled: no step for 47 s; typical step 210 ms"
         assert any("last step 1199" in e for e in v.evidence)

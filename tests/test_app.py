@@ -596,18 +596,19 @@ async def test_the_process_table_marks_the_training_and_names_the_others() -> No
 @pytest.mark.parametrize(
     ("age_s", "interval_s", "says"),
     [
-        (None, 1.0, "last interval"),  # no time given (a sampler before 2026-11-27)
-        (0.0, 1.0, "last interval"),  # read in this sample
-        (4.0, 1.0, "last interval"),  # the usual spacing: every 5 samples
+        (None, 1.0, "over ~5.0s"),  # no time given (a sampler before 2026-11-27)
+        (0.0, 1.0, "over ~5.0s"),  # read in this sample: over the 5 samples before
+        (4.0, 1.0, "over ~5.0s"),  # the usual spacing: every 5 samples
         (6.0, 1.0, "read 6.0s ago"),
         (6.0, None, "read 6.0s ago"),
+        (None, None, "CPU % of one core"),  # no pace known: no span said
         (200.0, 1.0, "read 3m20s ago"),  # a node of thousands of processes
-        (8.0, 2.0, "last interval"),  # `gputop agent --interval 2`: every 10 s as usual
+        (8.0, 2.0, "over ~10s"),  # `gputop agent --interval 2`: every 10 s as usual
         (12.0, 2.0, "read 12s ago"),
         (6.0, 0.1, "read 6.0s ago"),  # a fast sampler: 6 s is old all the same
         (12.0, float("inf"), "read 12s ago"),
-        (-30.0, 1.0, "last interval"),  # a table "read" after its sample: not said
-        (float("nan"), 1.0, "last interval"),
+        (-30.0, 1.0, "over ~5.0s"),  # a table "read" after its sample: not said
+        (float("nan"), 1.0, "over ~5.0s"),
     ],
 )
 def test_the_process_tables_title_says_when_an_old_table_was_read(
@@ -628,7 +629,7 @@ async def test_a_process_table_read_long_before_its_sample_says_so_on_screen() -
     app, source, _ = make_app()
     async with app.run_test(size=WIDE) as pilot:
         await feed(pilot, source, events)
-        assert str(app.top_table.border_title).endswith("last interval")
+        assert str(app.top_table.border_title).endswith("CPU % of one core over ~5.0s")
         await feed(pilot, source, [Received(System(SOURCE_ID, old), last.received + 1.0)])
         assert str(app.top_table.border_title).endswith("read 1m36s ago")
 

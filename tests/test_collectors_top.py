@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gputop_dl.probe.collectors.sampler import TOP_EVERY, NodeSampler, samples_between_walks
+from gputop_dl.probe.collectors.sampler import NodeSampler, samples_between_walks
 from gputop_dl.probe.collectors.top import Row, TopCollector, busiest
-from gputop_dl.probe.samples import TopProcess
+from gputop_dl.probe.samples import TOP_EVERY, TopProcess
 
 
 def proc(pid: int, cpu: float | None, rss: int | None) -> Row:

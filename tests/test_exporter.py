@@ -164,7 +164,10 @@ def test_a_real_scrape_carries_the_run_its_verdict_and_the_node(training: str) -
         assert 0 <= busy <= 1
         (total,) = [s.value for s in fams["gputop_node_memory_total_bytes"] if s.labels == host]
         assert total > 2**20
-        assert fams["gputop_exporter_sources"][0].value >= 1
+        # One probe read: one run, nothing else (a local sampler only runs when no probe
+        # samples this host, and the probe does).
+        kinds = {s.labels["kind"]: s.value for s in fams["gputop_exporter_sources"]}
+        assert kinds == {"run": 1, "node": 0, "incompatible": 0}
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0

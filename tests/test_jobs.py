@@ -328,7 +328,8 @@ KILLED = "exited: process gone without goodbye (killed?)"
 
 def test_a_rank_that_ended_is_the_jobs_news() -> None:
     """A killed rank was counted among the ranks, and the rest were "all 2 ranks alike"."""
-    ranks = [rank(0), replace(rank(1), figures=None, ended=KILLED, ended_ago_s=4.0), rank(2)]
+    killed = {"ended": KILLED, "ended_badly": True}
+    ranks = [rank(0), replace(rank(1), figures=None, ended_ago_s=4.0, **killed), rank(2)]
     v = judge_job(ranks, 3)
     assert v.kind == "ended" and v.severity == "critical", v
     assert v.straggler_rank == 1 and v.reporting == 2
@@ -338,9 +339,9 @@ def test_a_rank_that_ended_is_the_jobs_news() -> None:
     # all ended: the first to end is named (a killed rank, then the others crashed)
     crashed = "exited: crashed (RuntimeError: NCCL error) after 1,201 steps"
     all_ended = [
-        replace(rank(0), figures=None, ended=crashed, ended_ago_s=1.0),
-        replace(rank(1), figures=None, ended=KILLED, ended_ago_s=9.0),
-        replace(rank(2), figures=None, ended=crashed, ended_ago_s=1.0),
+        replace(rank(0), figures=None, ended=crashed, ended_ago_s=1.0, ended_badly=True),
+        replace(rank(1), figures=None, ended_ago_s=9.0, **killed),
+        replace(rank(2), figures=None, ended=crashed, ended_ago_s=1.0, ended_badly=True),
     ]
     v = judge_job(all_ended, 3)
     assert v.kind == "ended" and v.headline == f"the job ended: rank 1 on node1 first ({KILLED})"
@@ -445,6 +446,31 @@ def test_the_viewer_says_a_rank_of_a_job_crashed() -> None:
     assert job.verdict is not None and job.verdict.kind == "ended", job.verdict
     assert job.verdict.severity == "critical" and job.verdict.straggler_rank == 1
     assert "crashed (RuntimeError: boom)" in job.verdict.headline
+
+
+@pytest.mark.parametrize(
+    ("reason", "severity"),
+    [
+        ("process exit", "info"),
+        ("interrupted (Ctrl-C)", "info"),
+        # probe.close(reason) is the user's words: read as words, not as a crash
+        ("closed: killed the stale workers, lost nothing", "info"),
+        ("crashed (RuntimeError: CUDA error)", "critical"),
+    ],
+)
+def test_how_a_finished_job_ended_is_read_from_the_bye_not_from_its_words(
+    reason: str, severity: str
+) -> None:
+    state = ViewerState("viewer-host", pid_alive=False)
+    for r in range(2):
+        feed(state, hello(r, world=2), 0.005)
+    first, second = hello(0, world=2), hello(1, world=2)
+    state.apply(Received(Bye(first.source_id, reason, 60), T0 + 10.2))
+    state.apply(Received(Bye(second.source_id, "process exit", 60), T0 + 10.5))
+    state.tick(T0 + 11.0)
+    (job,) = state.jobs
+    assert job.verdict is not None and job.verdict.kind == "ended", job.verdict
+    assert job.verdict.severity == severity and job.verdict.straggler_rank == 0
 
 
 def test_a_restarted_rank_counts_once() -> None:

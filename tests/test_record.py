@@ -460,3 +460,36 @@ def test_record_refuses_an_existing_file_and_a_dead_endpoint(tmp_path: Path) -> 
     dead = f"ipc://{tmp_path}/nothing.sock"
     out = subprocess.run([*run, str(tmp_path / "new.gtrec"), dead], capture_output=True, text=True)
     assert out.returncode == 1 and "no such socket" in out.stderr
+
+
+FULL_DISK_CHILD = r"""
+import os, resource, signal, sys
+from gputop_dl.tui.record.writer import RecordWriter
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # the disk is full at 8 KB
+w = RecordWriter(sys.argv[1], host="h")
+try:
+    for i in range(1000):
+        w.add([b"gputop.steps", os.urandom(700)], 1.0 + i)  # incompressible
+        if i % 3 == 2:
+            w.flush()
+    print("no error")
+except OSError as exc:
+    print(exc.errno, w.frames, w.saved, w.bytes_written)
+"""
+
+
+def test_a_full_disk_counts_what_is_on_it(tmp_path: Path) -> None:
+    """A disk that fills mid-chunk: the writer counts the bytes the file holds, cut
+    chunk included, and as saved only the messages a reader gets back."""
+    path = tmp_path / "full.gtrec"
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    errno, added, saved, written = (int(x) for x in out)
+    assert errno == 27  # EFBIG, as ENOSPC would come
+    assert written == path.stat().st_size == 8192  # the header, whole chunks, a cut one
+    assert len(frames_of(path)) == saved < added

@@ -472,3 +472,59 @@ def test_real_sshd(real_sshd: tuple[Path, int], probes: list[subprocess.Popen[by
         assert "Permission denied" in " ".join(e.text for e in viewer.state.errors)
     finally:
         bad.stop()
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "summary"),
+    [
+        (["ssh://node1"], "ssh: node1 live"),
+        (["ssh://node1", "ssh://node2:2222"], "ssh: node1 live, node2 live"),
+        # One host, two ports (two containers behind one address): the addresses.
+        (["ssh://node1:22", "ssh://node1:2222"], "ssh: node1:22 live, node1:2222 live"),
+        (["ssh://a@node1", "ssh://b@node1"], "ssh: a@node1 live, b@node1 live"),
+    ],
+)
+def test_the_link_summary_tells_apart_two_links_to_one_host(
+    endpoints: list[str], summary: str
+) -> None:
+    state = ViewerState("viewer")
+    for endpoint in endpoints:
+        target = parse_ssh_url(endpoint)
+        state.apply(EndpointState(target.endpoint, "live", "", target.host))
+    assert state.link_summary() == summary
+
+
+SLOW_HANDSHAKE = """#!/bin/sh
+# An ssh whose handshake takes 0.4 s and then fails: notes how many are in flight.
+touch "$DIR/$$"
+ls "$DIR" | grep -c . >> "$DIR.log"
+sleep 0.4
+rm -f "$DIR/$$"
+echo "ssh: connect to host node port 22: Connection timed out" >&2
+exit 255
+"""
+
+
+def test_many_hosts_handshake_a_few_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--hosts 'zz[1-40]' starts at most 10 ssh handshakes at once (a jump
+    host's sshd drops connections past MaxStartups' 10), and in time every host's."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text(SLOW_HANDSHAKE)
+    ssh.chmod(0o755)
+    flight = tmp_path / "flight"
+    flight.mkdir()
+    monkeypatch.setenv("DIR", str(flight))
+    source = RemoteSource([Target(f"zz{i}") for i in range(40)], command=RELAY, ssh=str(ssh))
+    viewer = Viewer(source)
+    log = Path(f"{flight}.log")
+    try:
+        assert viewer.until(
+            lambda: sum(1 for link in viewer.state.links if link.state == UNREACHABLE) == 40
+        ), viewer.state.link_summary()
+    finally:
+        source.stop()
+    in_flight = [int(line) for line in log.read_text().split()]
+    assert len(in_flight) >= 40
+    assert max(in_flight) <= 10, in_flight  # sshd MaxStartups: drops past 10

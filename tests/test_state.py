@@ -191,6 +191,19 @@ def test_incompatible_shows_both_versions_and_lists_the_error() -> None:
     assert "training environment" in state_module.upgrade_advice((0, 9))
 
 
+def test_publishers_are_counted_by_kind() -> None:
+    """What the exporter's gputop_exporter_sources reports: a run, an agent and a peer
+    it cannot read are three kinds, not one count that reads as three runs."""
+    state = ViewerState(HOST)
+    assert state.source_kinds() == {"run": 0, "node": 0, "incompatible": 0}
+    state.apply(received(hello(), T0))
+    state.apply_all(agent_only(T0 + 1, host="node2"))
+    state.apply(incompatible(T0 + 2, hint="node3:77"))
+    assert state.source_kinds() == {"run": 1, "node": 1, "incompatible": 1}
+    state.apply(received(bye(), T0 + 3))
+    assert state.source_kinds()["run"] == 1  # ended, kept while it is shown
+
+
 def test_incompatible_peer_without_a_source_hint_still_shows() -> None:
     state = ViewerState(HOST)
     state.apply(incompatible(T0, theirs=(PROTOCOL_MAJOR + 2, 0), hint=None))

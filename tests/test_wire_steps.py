@@ -109,6 +109,34 @@ def test_history_trims_by_age_then_by_count(
         assert ends == [end_of[kept_run.first + i] * 1000 for i in range(len(ends))]
 
 
+@pytest.mark.parametrize(
+    ("batches", "at_least", "left"),
+    [
+        # Every batch older than the horizon (slow steps): the newest kept, at least.
+        ([(0.0, [1.0]), (1.0, [1.0]), (2.0, [1.0])], 2, [1, 1]),
+        ([(0.0, [1.0]), (1.0, [1.0]), (2.0, [1.0])], 5, [1, 1, 1]),  # all there are
+        ([(0.0, [1.0, 2.0]), (1.0, [1.0, 2.0])], 3, [2, 2]),  # whole batches
+        ([(0.0, [1.0, 2.0]), (1.0, [1.0, 2.0])], 2, [2]),
+        ([(0.0, [1.0]), (1.0, [1.0])], 0, []),  # none asked: by age alone
+    ],
+)
+def test_history_keeps_at_least_the_newest_steps_however_old(
+    batches: list[tuple[float, list[float]]], at_least: int, left: list[int]
+) -> None:
+    """A run of 5-minute steps: 120 s of history would hold none of them, and a viewer
+    attaching would wait for five more steps before its first verdict."""
+    history: deque[Batch] = deque()
+    index = 0
+    for base, ends in batches:
+        history.append(Batch(base, [row(index + i, round(end * US)) for i, end in enumerate(ends)]))
+        index += len(ends)
+    kept = trim(history, index, 1e9, 100, at_least)
+    assert [batch.steps for batch in history] == left
+    assert kept == sum(left)
+    if history:
+        assert history[-1].last_index == index - 1
+
+
 def test_replay_groups_batches_by_base_without_touching_a_row() -> None:
     history = deque([Batch(5.0, [row(0, 0)]), Batch(5.0, [row(1, 10)]), Batch(9.0, [row(2, 0)])])
     assert list(messages(history, 2000)) == [

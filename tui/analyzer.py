@@ -259,13 +259,28 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
     if window.steps:
         gap = window.now - max(s.end_time for s in window.steps)
         evidence.append(f"last step ended {fmt.dur(max(0.0, gap))} ago")
-    elif window.hello is not None:
+    elif window.hello is not None and window.hello.step_count == 0:
         evidence.append(
             f"no step yet, probe started {fmt.dur(window.now - window.hello.started)} ago"
         )
     slow = _slow_start(window, steps, evidence)
     if slow is not None:
         return slow
+    if not window.steps and window.hello is not None and window.hello.step_count > 0:
+        # Attached to a run under way: its replay of recent steps is on its way (it comes
+        # within a second). Not "0 of 5 steps": the header already counts thousands.
+        hello = window.hello
+        if hello.last_step_end is not None:
+            gap = max(0.0, window.now - hello.last_step_end)
+            evidence.append(f"its last step ended {fmt.dur(gap)} ago")
+        return Verdict(
+            "warming-up",
+            "info",
+            0.0,
+            f"Waiting for the run's recent steps: {hello.step_count:,} steps so far,"
+            " none received yet",
+            evidence=tuple(evidence),
+        )
     if SKIP_FIRST_STEPS and any(s.index < SKIP_FIRST_STEPS for s in window.steps):
         evidence.append("step 0 is not counted: it carries one-off start-up work")
     prefetched = prefetched_steps(window.hello.loader if window.hello else None)

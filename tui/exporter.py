@@ -119,7 +119,12 @@ class Exporter(Collector):
         for key in [k for k in self._totals if k not in seen]:
             del self._totals[key]  # the run left the viewer (a minute after it ended)
         nodes = tuple(s for host in state.hosts if (s := state.host_system(host)) is not None)
-        figures = Figures(tuple(runs), nodes, state.source_count, state.error_count + self.failures)
+        figures = Figures(
+            tuple(runs),
+            nodes,
+            tuple(state.source_kinds().items()),
+            state.error_count + self.failures,
+        )
         self._figures = figures  # one reference store: readers see old or new, whole
         return figures
 

@@ -134,7 +134,7 @@ class Figures:
 
     runs: tuple[RunFigures, ...] = ()
     nodes: tuple[SystemSample, ...] = ()
-    sources: int = 0
+    sources: tuple[tuple[str, int], ...] = ()  # (kind, publishers): ViewerState.source_kinds
     errors: int = 0
 
 
@@ -437,9 +437,16 @@ def node_families(nodes: Iterable[SystemSample]) -> Iterator[Metric]:
 
 
 def _self(figures: Figures) -> Iterator[Metric]:
-    yield GaugeMetricFamily(
-        "gputop_exporter_sources", "Publishers the exporter tracks", value=figures.sources
+    sources = GaugeMetricFamily(
+        "gputop_exporter_sources",
+        "Publishers the exporter tracks, by kind: run (a training process; an ended one"
+        " for a minute after its end), node (an agent, or a sampler of this host),"
+        " incompatible (messages it cannot read)",
+        labels=["kind"],
     )
+    for kind, count in figures.sources:
+        sources.add_metric([kind], float(count))
+    yield sources
     yield CounterMetricFamily(
         "gputop_exporter_errors", "Problems with received input", value=figures.errors
     )

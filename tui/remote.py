@@ -44,6 +44,10 @@ EMIT_EVERY_S = 0.1
 QUEUE_MAX = 20_000  # events waiting for the emitter; a full queue slows the ssh reader
 STDERR_KEPT = 4096  # bytes of ssh's stderr kept for the failure message
 STOP_GRACE_S = 2.0
+# ssh handshakes in progress at once: sshd's MaxStartups (default 10:30:100) starts
+# dropping unauthenticated connections past 10, and a jump host sees every node's. The
+# rest wait their turn ("connecting"); a live session holds no slot.
+HANDSHAKES_AT_ONCE = 10
 
 CONNECTING, LIVE = "connecting", "live"
 AUTH_FAILED, NOT_INSTALLED = "auth failed", "not installed"
@@ -163,6 +167,15 @@ class _Host:
     def once(self) -> bool:
         """One ssh session, to its end; True if the stream started."""
         command = self.source.command
+        if not self.source.handshake_slot():
+            return False  # stopped while waiting for one
+        slot = [True]  # held until the stream starts or the attempt ends
+
+        def release() -> None:
+            if slot:
+                slot.clear()
+                self.source.handshakes.release()
+
         try:
             proc = subprocess.Popen(
                 ssh_command(self.target, command, self.source.ssh),
@@ -172,6 +185,7 @@ class _Host:
                 start_new_session=True,  # no controlling terminal: ssh cannot touch the TUI's
             )
         except OSError as exc:
+            release()
             self.state(UNREACHABLE, f"{self.target.host}: cannot run ssh: {exc.strerror or exc}")
             return False
         self.proc = proc
@@ -184,6 +198,7 @@ class _Host:
         problem = ""
         try:
             reader.read_magic()
+            release()
             live = True
             self.state(LIVE)
             while not self.source.stopped.is_set():
@@ -197,6 +212,8 @@ class _Host:
             problem = str(exc)
         except (OSError, ValueError):
             pass  # the pipe closed under us (stop)
+        finally:
+            release()
         self._end(proc)
         err_thread.join(timeout=1.0)
         if self.source.stopped.is_set():
@@ -263,6 +280,7 @@ class RemoteSource:
         self.stopped = threading.Event()
         self._queue: queue.Queue[SourceEvent] = queue.Queue(QUEUE_MAX)
         self._hosts = [_Host(t, self) for t in self.targets]
+        self.handshakes = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
         self._emitter: threading.Thread | None = None
 
     def put(self, event: SourceEvent) -> None:
@@ -274,6 +292,13 @@ class RemoteSource:
                 return
             except queue.Full:
                 continue
+
+    def handshake_slot(self) -> bool:
+        """Wait for one of the HANDSHAKES_AT_ONCE slots; False if stopped meanwhile."""
+        while not self.stopped.is_set():
+            if self.handshakes.acquire(timeout=0.2):
+                return True
+        return False
 
     def start(self, emit: Emit) -> None:
         self._emitter = threading.Thread(

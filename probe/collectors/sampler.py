@@ -17,9 +17,8 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
-from gputop_dl.probe.samples import GpuSample, SourceStatus, SystemSample
+from gputop_dl.probe.samples import TOP_EVERY, GpuSample, SourceStatus, SystemSample
 
-TOP_EVERY = 5  # samples between two walks of /proc for the process table, at least
 # A walk reads every process's /proc/<pid>/stat: ~15 us of CPU a process, 1 ms on a
 # container of 60 processes but 15-25 ms on a node of 1,000 (bench/sampler_cost.py),
 # and a 128-core node has that many kernel threads alone. So walks are spaced to cost

@@ -162,6 +162,7 @@ class RankInput:
     last_index: int | None = None  # index of its newest step
     ended: str | None = None  # how its run ended ("exited: …", "lost: …"), if it did
     ended_ago_s: float | None = None  # since when (its connection's age)
+    ended_badly: bool = False  # killed (gone without a bye), crashed or lost
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def _ended(
     first = max(gone, key=lambda r: r.ended_ago_s if r.ended_ago_s is not None else -1.0)
     who = f"rank {first.rank}" if first.rank is not None else "a rank"
     where = f" on {first.host}" if first.host else ""
-    bad = any(word in (first.ended or "") for word in ("killed", "crashed", "lost"))
+    bad = first.ended_badly
     others = [r.rank for r in gone if r is not first and r.rank is not None]
     evidence = [f"then rank {_ranks_text(others)} ended too"] if others else []
     if len(gone) == len(ranks):

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import socket
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputop_dl.tui.format import fmt_duration
 from gputop_dl.tui.record.format import CODEC_NAMES, NotARecording
 from gputop_dl.tui.record.writer import MIN_MAX_SIZE
 from gputop_dl.tui.stopsignals import StopSignals
+
+if TYPE_CHECKING:
+    from gputop_dl.tui.record.reader import Timeline
 
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -121,9 +125,11 @@ def cmd_record(argv: list[str]) -> int:
         recorder.close()
         signals.restore()
     parts = writer.part + 1
+    lost = writer.frames - writer.saved
     print(
-        f"gputop record: {writer.frames} messages, {writer.bytes_written} bytes"
-        f"{f' in {parts} parts' if parts > 1 else ''}: {args.file}",
+        f"gputop record: {writer.saved} messages, {writer.bytes_written} bytes"
+        f"{f' in {parts} parts' if parts > 1 else ''}: {args.file}"
+        f"{f' (the last {lost} not saved)' if lost else ''}",
         file=sys.stderr,
         flush=True,
     )
@@ -185,8 +191,30 @@ def snapshot_recording(path: str, at: str | None, as_json: bool) -> int:
         "end": timeline.end,
         "skipped": timeline.notes.notes,
     }
+    first = first_run_at(timeline)
+    if not snap["runs"] and first is not None and first > moment:
+        # Not "no training run": the recording holds one, not yet heard from then.
+        at_s, first_s = moment - timeline.start, first - timeline.start
+        print(
+            f"gputop snapshot: no run had been heard from at {fmt_duration(at_s)} into the"
+            f" recording; the first run's messages begin at {fmt_duration(first_s)}"
+            f" (--at {math.ceil(first_s * 10) / 10:g}s)",
+            file=sys.stderr,
+        )
     print(json.dumps(snap, indent=2) if as_json else render_text(snap), flush=True)
     return EXIT_OK if snap["runs"] else EXIT_NO_RUN
+
+
+def first_run_at(timeline: Timeline) -> float | None:
+    """When the recording's first training run speaks (a probe's hello or steps), if any."""
+    from gputop_dl.probe.messages import Hello, Steps
+    from gputop_dl.tui.events import Received
+
+    for event, t in zip(timeline.events, timeline.times, strict=True):
+        message = event.message if isinstance(event, Received) else None
+        if isinstance(message, Steps) or (isinstance(message, Hello) and message.role != "agent"):
+            return t
+    return None
 
 
 def recording_arg(argv: list[str]) -> str | None:

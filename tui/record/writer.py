@@ -79,8 +79,9 @@ class RecordWriter:
         self.part = 0
         if max_size is not None:
             _no_parts_there(self.path)
-        self.frames = 0  # entries written (or buffered) in all
-        self.bytes_written = 0  # in all parts
+        self.frames = 0  # entries added in all (buffered, written or lost to an error)
+        self.saved = 0  # entries in chunks written whole
+        self.bytes_written = 0  # in all parts, a chunk cut short by an error included
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._first_at: float | None = None
@@ -126,6 +127,7 @@ class RecordWriter:
         if not self._buffer or self.closed:
             return
         chunk = encode_chunk(self.codec, b"".join(self._buffer))
+        entries = len(self._buffer)
         self._buffer, self._buffered, self._first_at = [], 0, None
         full = self.max_size is not None and self._size + len(chunk) > self.max_size
         if full and self._size > self._header_size:  # an empty part takes the chunk anyway
@@ -134,10 +136,15 @@ class RecordWriter:
             self._fd = self._open(self.current_path)
             self._size = self._header_size = self._write_header()
         written = 0
-        while written < len(chunk):  # os.write may write less (a signal, a full pipe)
-            written += os.write(self._fd, chunk[written:])
-        self._size += len(chunk)
-        self.bytes_written += len(chunk)
+        try:
+            while written < len(chunk):  # os.write may write less (a signal, a full pipe)
+                written += os.write(self._fd, chunk[written:])
+        finally:
+            # A full disk can take part of a chunk: the file holds those bytes (which a
+            # reader skips as a cut last chunk), and the count says what is on disk.
+            self._size += written
+            self.bytes_written += written
+        self.saved += entries
 
     def close(self) -> None:
         if self.closed:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.samples import SystemSample
+from gputop_dl.tui.state.clean import clean_text
 
 AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe samples the host
 MAX_HOSTS = 256  # hosts remembered; the one heard from longest ago is forgotten first
@@ -104,16 +105,28 @@ class Links:
         return tuple(self._links.values())
 
 
+def link_names(links: Sequence[Link]) -> list[str]:
+    """Each link's name in the summary: its host, or where two links share a host (two
+    ports, two users) its address without the scheme, which tells them apart."""
+    hosts = Counter(link.host for link in links)
+    return [
+        link.host if hosts[link.host] == 1 else clean_text(link.endpoint.removeprefix("ssh://"))
+        for link in links
+    ]
+
+
 def link_summary(links: Sequence[Link]) -> str:
     """One line for the status bar: each host's state, or counts when there are many
     ("16 hosts: 14 live, 1 lost (node07), 1 auth failed (node03)")."""
     if not links:
         return ""
+    names = link_names(links)
     if len(links) <= NAMED_IN_SUMMARY:
-        return "ssh: " + ", ".join(f"{link.host} {link.state}" for link in links)
+        pairs = zip(names, links, strict=True)
+        return "ssh: " + ", ".join(f"{name} {link.state}" for name, link in pairs)
     by_state: dict[str, list[str]] = {}
-    for link in links:
-        by_state.setdefault(link.state, []).append(link.host)
+    for name, link in zip(names, links, strict=True):
+        by_state.setdefault(link.state, []).append(name)
     parts = []
     for state, hosts in sorted(by_state.items(), key=lambda kv: (kv[0] != LINK_LIVE, kv[0])):
         if state == LINK_LIVE:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gputop_dl.probe.messages import DeviceRef
+from gputop_dl.probe.messages import CRASHED, DeviceRef
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis.job import (
     JOB_WINDOW_S,
@@ -148,6 +148,16 @@ def _rank_key(run: Run) -> int:
     return -1 if hello is None or hello.rank is None else hello.rank
 
 
+def _ended_badly(run: Run, connection: Connection) -> bool:
+    """Lost, killed (gone without a bye) or crashed (its bye says so); not a run that
+    finished or was closed."""
+    if connection.state == LOST:
+        return True
+    if connection.state != EXITED:
+        return False
+    return run.bye is None or run.bye.reason.startswith(CRASHED)
+
+
 def _pick(runs: Sequence[tuple[Run, Connection]]) -> list[tuple[Run, Connection]]:
     """One run per rank: a live one before an ended one, then the newest started."""
     best: dict[object, tuple[Run, Connection]] = {}
@@ -259,6 +269,7 @@ class Jobs:
                 run.last_index,
                 connection.text if connection.state in (EXITED, LOST) else None,
                 connection.age_s,
+                _ended_badly(run, connection),
             )
             for run, connection in members
         ]

@@ -82,6 +82,7 @@ PID_CHECK_EVERY_S = 0.75
 REMOVE_AFTER_S = 60.0  # an ended run fades, then leaves the switcher for the recent list
 RECENT_RUNS = 20
 MAX_SOURCES = 1024  # publishers tracked at once (a 512-rank job, its agents and others)
+SOURCE_KINDS = ("run", "node", "incompatible")  # source_kinds' keys, in this order
 EVICT_SILENT_S = 10.0  # ... a new one replaces the one silent longest, if this silent
 MAX_ENDPOINTS = 256
 MAX_TOTAL_STEP_RECORDS = 200_000  # shared by all runs (~50 MB); each keeps at least:
@@ -745,6 +746,22 @@ class ViewerState:
     def source_count(self) -> int:
         """Publishers tracked now (runs, agents, refused peers)."""
         return len(self._sources)
+
+    def source_kinds(self) -> dict[str, int]:
+        """Publishers tracked now by kind: ``run`` (a training process, an ended one
+        for as long as it is kept), ``node`` (an agent or a host sampler without a loop),
+        ``incompatible`` (a peer whose messages this viewer cannot read)."""
+        kinds = dict.fromkeys(SOURCE_KINDS, 0)
+        for source in self._sources.values():
+            kind = (
+                "incompatible"
+                if source.incompatible is not None
+                else "run"
+                if source.is_run
+                else "node"
+            )
+            kinds[kind] += 1
+        return kinds
 
     @property
     def jobs(self) -> tuple[JobSummary, ...]:

@@ -43,11 +43,12 @@ HELP_TEXT = f"""\
   outside the collective: data wait and named phases), its device's utilisation and
   memory, its verdict. `o` cycles the sort column, `r` reverses it; the straggler's row is
   highlighted. The job verdict heads it, and shows under the banner's headline (`◆ job`).
-- **Top processes** (`t`): the node's busiest processes by CPU over the last interval,
-  then the largest in memory; `◆ main` and `◆ worker` are the selected run's own,
-  `◆ training` another run's (another rank on the node). Reading every process costs
-  the training process CPU, so on a node of thousands the sampler reads the table less
-  often (at most 0.1 % of a core), and the title says when it was read.
+- **Top processes** (`t`): the node's busiest processes by CPU over the span its title
+  gives (~5 samples), then the largest in memory; `◆ main` and `◆ worker` are the
+  selected run's own, `◆ training` another run's (another rank on the node). Reading
+  every process costs the training process CPU, so on a node of thousands the sampler
+  reads the table less often (at most 0.1 % of a core), and the title says when it was
+  read.
 
 On a terminal under 44 rows the panels take compact forms (all cores in one bar with
 the busiest by number `#3 96%`, four accelerators a line with utilisation and `m`

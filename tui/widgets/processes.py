@@ -11,9 +11,8 @@ from collections.abc import Collection, Mapping
 
 from rich.text import Text
 
-from gputop_dl.probe.collectors.sampler import TOP_EVERY
-from gputop_dl.probe.samples import SystemSample, TopProcess, TrainingProcesses
-from gputop_dl.tui.format import fmt_age, fmt_bytes, fmt_pct
+from gputop_dl.probe.samples import TOP_EVERY, SystemSample, TopProcess, TrainingProcesses
+from gputop_dl.tui.format import fmt_age, fmt_bytes, fmt_duration, fmt_pct
 from gputop_dl.tui.widgets.base import Panel
 
 SHORT_ROWS = 5  # rows on a short screen (the rest: on a tall one, or the full table)
@@ -56,10 +55,12 @@ def table_title(age_s: float | None, interval_s: float | None = None) -> str:
     older it is than its sample, taken every ``interval_s``) once that is more than the
     sampler's usual spacing."""
     usual = AGE_SHOWN_S
+    span = ""  # what its CPU figures cover: the time between two reads
     if interval_s is not None and 0.0 < interval_s < float("inf"):
         usual = max(usual, (TOP_EVERY + 0.5) * interval_s)
+        span = f" over ~{fmt_duration(TOP_EVERY * interval_s)}"
     if age_s is None or not age_s >= usual:  # NaN: not said
-        return "Top processes · CPU % of one core, last interval"
+        return f"Top processes · CPU % of one core{span}"
     return f"Top processes · CPU % of one core · read {fmt_age(age_s)}"
 
 
