@@ -19,6 +19,9 @@ samples, staggered so one sample pays for at most ``ceil(devices / pcie_every)``
 in between the last reading is reused, and a device has ``None`` until its first turn.
 
 ``sample()`` never raises: a monitor that crashes on a flaky driver is worse than none.
+Nor may it hold anything up when a driver call blocks (a hung GPU, a driver stuck in the
+kernel: nvml.md): :class:`NvmlWorker` makes the calls on a thread of its own, so such a
+call costs the GPU fields alone, never the host's figures nor the process's exit.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ except ImportError:  # pragma: no cover - nvidia-ml-py is a hard dependency
     pynvml = None
 
 SOURCE = "nvml"
+WAIT_S = 1.0  # NvmlWorker: how long a sample waits for the GPUs' reading
+BLOCKED_S = 5.0  # ... and a call in progress this long is reported as blocked
+CLOSE_WAIT_S = 0.5  # close(): how long to wait for a call in progress
 
 # NVML error codes (nvml.h). Literal values rather than pynvml attributes, so this module
 # still imports (and reports "nvidia-ml-py not installed") without the binding.
@@ -203,8 +209,13 @@ class NvmlCollector:
         *,
         training_pids: Callable[[], Collection[int]] | None = None,
         pcie_every: int = 5,
+        only: int | str | None = None,
     ) -> None:
+        """``only``: the one device to read (its NVML index, or its UUID as
+        CUDA_VISIBLE_DEVICES names it): a rank that is not its node's host sampler reads
+        its own GPU, not all eight and their ~20 ms PCIe calls."""
         self._training_pids = training_pids
+        self._only = only
         # <= 0 disables PCIe throughput entirely (a 20 ms call per direction per device).
         self._pcie_every = pcie_every
         self._lock = threading.Lock()
@@ -232,12 +243,19 @@ class NvmlCollector:
             except Exception as exc:  # last line of defence: report, never crash the host
                 return (), SourceStatus(SOURCE, False, f"NVML error: {exc}")
 
-    def close(self) -> None:
-        """Shut NVML down if we initialised it. Safe to call twice."""
-        with self._lock:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
+        """Shut NVML down if we initialised it. Safe to call twice. False, and NVML left
+        as it is, when a call in progress does not return within ``timeout_s``: a blocked
+        driver call must not hold up the process's exit (nvmlShutdown would block too)."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        try:
             self._shutdown()
             self._next_init_at = 0.0  # a later sample() starts afresh
             self._init_status = SourceStatus(SOURCE, False, "NVML closed")
+        finally:
+            self._lock.release()
+        return True
 
     # -- init / shutdown --------------------------------------------------------------
 
@@ -293,6 +311,8 @@ class NvmlCollector:
         samples: list[GpuSample] = []
         processes: list[list[Any] | None] = []
         for dev in self._devices:
+            if not self._wanted(dev):
+                continue
             # Stagger PCIe refreshes across devices, so one sample pays for at most
             # ceil(devices / pcie_every) devices' PCIe calls instead of all of them.
             refresh_pcie = self._pcie_every > 0 and (n + dev.index) % self._pcie_every == 0
@@ -308,6 +328,25 @@ class NvmlCollector:
         if lost:
             message = "lost: GPU " + ", ".join(str(i) for i in lost)
         return tuple(samples), SourceStatus(SOURCE, True, message)
+
+    def _wanted(self, dev: _Device) -> bool:
+        """Whether ``only`` names this device (one given by UUID is looked at until its
+        UUID is known: its handle and UUID only, once)."""
+        only = self._only
+        if only is None or only == dev.index:
+            return True
+        if not isinstance(only, str):
+            return False
+        if dev.uuid is None:
+            self._errors = []
+            try:
+                if dev.handle is None:
+                    dev.handle = self._call("nvmlDeviceGetHandleByIndex", dev.index)
+                if dev.handle is not None:
+                    dev.uuid = _text(self._call("nvmlDeviceGetUUID", dev.handle))
+            except _DeviceLost:
+                dev.forget_dynamic()  # lost before it said who it is: not known to be ours
+        return dev.uuid == only
 
     def _pids(self) -> set[int] | None:
         if self._training_pids is None:
@@ -473,3 +512,70 @@ class NvmlCollector:
                     total += int(used)
             out.append(replace(sample, training_mem_bytes=total))
         return out
+
+
+class NvmlWorker:
+    """An :class:`NvmlCollector` read on a thread of its own. ``sample()`` asks it for a
+    reading and waits up to WAIT_S; past that, the last reading, and once a call has been
+    in progress BLOCKED_S, no GPU and why. A driver call that never returns then costs
+    the GPU fields alone: the node sampler goes on with the host's figures, and
+    ``close()`` returns (the thread is a daemon: the process exits around it)."""
+
+    def __init__(
+        self, collector: NvmlCollector, *, wait_s: float = WAIT_S, blocked_s: float = BLOCKED_S
+    ) -> None:
+        self.collector = collector
+        self._wait_s, self._blocked_s = wait_s, blocked_s
+        self._lock = threading.Lock()
+        self._result: tuple[tuple[GpuSample, ...], SourceStatus] = (
+            (),
+            SourceStatus(SOURCE, False, "NVML not read yet"),
+        )
+        self._busy_since: float | None = None  # monotonic start of the call in progress
+        self._asked = threading.Event()
+        self._answered = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gputop-nvml", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._asked.wait()
+            if self._stop.is_set():
+                return
+            self._asked.clear()
+            result = self.collector.sample()  # never raises
+            with self._lock:
+                self._result, self._busy_since = result, None
+            self._answered.set()
+
+    def sample(self) -> tuple[tuple[GpuSample, ...], SourceStatus]:
+        """The GPUs now, or as last read; never blocks longer than the wait."""
+        with self._lock:
+            busy = self._busy_since
+            if busy is None:
+                self._busy_since = time.monotonic()
+                self._answered.clear()
+                self._asked.set()
+        if busy is None:
+            self._answered.wait(self._wait_s)
+        with self._lock:
+            busy, result = self._busy_since, self._result
+        if busy is not None:
+            blocked = time.monotonic() - busy
+            if blocked >= self._blocked_s:
+                return (), SourceStatus(
+                    SOURCE,
+                    False,
+                    f"NVML not answering: a driver call has not returned for {blocked:.0f} s"
+                    " (a hung GPU or driver?); GPU figures resume when it does",
+                )
+        return result
+
+    def close(self) -> None:
+        """Stop the thread; shut NVML down unless a call is stuck in it."""
+        self._stop.set()
+        self._asked.set()
+        self._thread.join(timeout=CLOSE_WAIT_S)
+        if not self._thread.is_alive():
+            self.collector.close()

@@ -66,13 +66,18 @@ class NodeSampler:
         self._hlsmi: Any = None
         self._own_gpu: int | str | None = None
         if accelerators:
-            from gputop_dl.probe.collectors.nvml import NvmlCollector, physical_gpu_index
+            from gputop_dl.probe.collectors.nvml import (
+                NvmlCollector,
+                NvmlWorker,
+                physical_gpu_index,
+            )
 
-            self._nvml = NvmlCollector(training_pids=lambda: self._training_pids)
             if not host:
                 self._own_gpu = physical_gpu_index(
                     _env_int("LOCAL_RANK"), os.environ.get("CUDA_VISIBLE_DEVICES")
                 )
+            collector = NvmlCollector(training_pids=lambda: self._training_pids, only=self._own_gpu)
+            self._nvml = NvmlWorker(collector)
             if host:  # hl-smi is node-wide and costly: once per node
                 from gputop_dl.probe.collectors.hlsmi import HlSmiCollector
 

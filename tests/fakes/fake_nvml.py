@@ -21,6 +21,7 @@ Missing functions are named by their C symbol (``nvmlDeviceGetMemoryInfo_v2``,
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -92,7 +93,12 @@ class FakeNvml:
         self.names_as_bytes = False  # behave like older bindings
         self.pcie_latency_s = 0.0  # the real call blocks ~20 ms sampling the bus
         self.calls: Counter[str] = Counter()
-        self.initialised = False
+        # Like the library, nvmlInit and nvmlShutdown are counted: NVML stays up until
+        # every nvmlInit had its nvmlShutdown (pynvml's _nvmlLib_refcount, nvml.h).
+        self.refs = 0
+        # A function named here blocks until its event is set: a driver call stuck in
+        # the kernel (a hung GPU, a driver in D state), as the real call can.
+        self.blocked: dict[str, threading.Event] = {}
 
     # -- installation -----------------------------------------------------------------
 
@@ -131,8 +137,19 @@ class FakeNvml:
 
     # -- helpers ----------------------------------------------------------------------
 
+    @property
+    def initialised(self) -> bool:
+        return self.refs > 0
+
+    @initialised.setter
+    def initialised(self, value: bool) -> None:
+        """False: the driver went away under every user (an unload), whatever the count."""
+        self.refs = max(self.refs, 1) if value else 0
+
     def _enter(self, fname: str, symbol: str | None = None) -> None:
         self.calls[fname] += 1
+        if fname in self.blocked:
+            self.blocked[fname].wait()
         if not self.initialised:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         if (symbol or fname) in self.missing:
@@ -158,11 +175,11 @@ class FakeNvml:
         self.calls["nvmlInit"] += 1
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
-        self.initialised = True
+        self.refs += 1
 
     def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
-        self.initialised = False
+        self.refs -= 1
 
     def nvmlDeviceGetCount(self) -> int:
         self._enter("nvmlDeviceGetCount")
