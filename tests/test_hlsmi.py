@@ -183,9 +183,42 @@ def test_loop_splitter_on_repeated_first_index() -> None:
     ]
     assert len(done) == 1 and [s.index for s in done[0]] == [0, 1]
     assert done[0][0].power_w == 226.0
-    last = splitter.flush()
+    last = splitter.ready()  # the pipe went quiet: the next one is whole, handed early
     assert last is not None and last[0].power_w == 227.0
-    assert splitter.flush() is None
+    assert splitter.ready() is None  # once
+
+
+def rows(*indices: int, watts: int = 226) -> list[HpuSample]:
+    return [
+        HpuSample(i, "HL-325L", f"01P{i}", power_w=float(watts), util_pct=50.0) for i in indices
+    ]
+
+
+def test_loop_splitter_never_hands_out_part_of_the_node() -> None:
+    """hl-smi cut short mid-sample, or rows printed one at a time: the sample read so
+    far is given early only once it holds every device the last whole one had; a
+    device that a whole sample lacks is shown lost, not dropped (hl-smi.md: a new
+    sample starts when the first device appears again)."""
+    splitter = LoopSplitter()
+    for sample in rows(0):
+        splitter.add(sample)
+    assert [s.index for s in splitter.ready() or ()] == [0]  # before any whole: as read
+    for sample in rows(1, 2, 3):
+        splitter.add(sample)
+    assert [s.index for s in splitter.ready() or ()] == [0, 1, 2, 3]  # more of it
+    (whole,) = [d for s in rows(0, 1) if (d := splitter.add(s))]  # device 0 again
+    assert [s.index for s in whole] == [0, 1, 2, 3]
+    assert splitter.ready() is None  # 2 of 4: a part, held
+    assert splitter.add(rows(2)[0]) is None and splitter.ready() is None  # 3 of 4
+    assert splitter.add(rows(3)[0]) is None
+    early = splitter.ready()
+    assert early is not None and [s.index for s in early] == [0, 1, 2, 3]
+    # Device 2 stops being listed: the next whole sample says so.
+    # (the first done is the early one, whole again: published twice, the same rows)
+    again, gone = [d for s in rows(0, 1, 3, 0) if (d := splitter.add(s))]
+    assert again == early
+    assert [(s.index, s.state) for s in gone] == [(0, "ok"), (1, "ok"), (2, "lost"), (3, "ok")]
+    assert gone[2].error == "hl-smi no longer lists it" and gone[2].util_pct is None
 
 
 # -- the fake hl-smi itself --------------------------------------------------------------
@@ -504,3 +537,63 @@ while not os.path.exists({str(env / "pids")!r}) and time.monotonic() < end:
     assert pids(env), "the fake hl-smi never started (so its kill at exit is not tested)"
     time.sleep(0.4)  # long enough for a wrongly respawned child to log its pid
     assert not any(alive(p) for p in pids(env))
+
+
+@pytest.mark.parametrize("mode", ["partial-exit", "partial-hang", "drop-device", "slow-rows"])
+def test_never_part_of_the_node_as_the_whole(
+    env: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hl-smi cut short mid-sample (killed, failing, hung) or rows trickling out: no
+    published sample holds fewer devices than the node's, as ok or lost."""
+    monkeypatch.setenv("FAKE_HLSMI_MODE", mode)
+    monkeypatch.setenv("FAKE_HLSMI_DEVICES", "4")
+    monkeypatch.setenv("FAKE_HLSMI_ROW_GAP_S", "0.2")  # over quiet_s: each row alone
+    col = make(timeout_s=0.6)
+    published: list[tuple[HpuSample, ...]] = []
+    real_publish = col._publish
+
+    def publish(samples: tuple[HpuSample, ...]) -> None:
+        published.append(samples)
+        real_publish(samples)
+
+    col._publish = publish  # type: ignore[method-assign]
+    col.start()
+    try:
+        time.sleep(2.5)
+        got, status = col.latest()
+    finally:
+        col.close()
+    assert published, status
+    # Before a first whole sample the collector knows no count: the first sample of a
+    # child whose rows trickle out is published as it grows (then whole, at the next).
+    whole = [p for p in published if len(p) == 4]
+    assert whole, published
+    after_first_whole = published[published.index(whole[0]) :]
+    assert all(len(p) == 4 for p in after_first_whole), [len(p) for p in published]
+    if mode == "drop-device":
+        assert [(s.index, s.state) for s in got][-1] == (3, "lost")
+        assert got[-1].error == "hl-smi no longer lists it"
+
+
+def test_one_hung_first_call_does_not_mean_a_process_a_sample_for_ever(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hl-smi.md: a long-running loop child avoids a process spawn per sample. A first
+    call that hung (a busy device at start) switches to one-shot calls for a while,
+    then a loop child is tried again, and kept once it works."""
+    monkeypatch.setenv("FAKE_HLSMI_MODE", "hang-first")
+    monkeypatch.setenv("FAKE_HLSMI_MARK", str(env / "mark"))
+    col = make(timeout_s=0.4)
+    col.loop_retry_s = 0.8
+    col.start()
+    try:
+        wait_for(col, lambda g: g[1].ok and len(g[0]) == 8)
+        wait_for(col, lambda g: any("-l" in a for a in argvs(env)[1:]), timeout=6.0)
+        spawned = len(argvs(env))
+        time.sleep(1.0)  # five samples at 0.2 s
+        assert len(argvs(env)) == spawned  # one loop child, no more spawns
+        assert col.latest()[1].ok
+    finally:
+        col.close()
+    calls = argvs(env)
+    assert "-l" in calls[0] and "-l" not in calls[1] and "-l" in calls[-1]

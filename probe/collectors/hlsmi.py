@@ -217,32 +217,69 @@ def hpu_sample_from_row(row: dict[str, str | None]) -> HpuSample:
     )
 
 
+MISSING_TEXT = "hl-smi no longer lists it"
+
+
 class LoopSplitter:
     """Groups a loop child's rows into samples.
 
     Rows of the next sample follow with no separator; a new sample starts when a device
-    index shows up again (normally the first one). :meth:`flush` ends a sample early,
-    used when the pipe goes quiet, so a sample is not held back a whole interval.
+    index shows up again (hl-smi.md: "a new sample starts when the first queried device
+    appears again"): that ends the one before, whole. The devices of the last whole
+    sample are the node's: :meth:`ready` gives the sample being read early, once it
+    holds every one of them (the pipe gone quiet: not held back a whole interval), never
+    a part of it (an hl-smi that stopped mid-sample, rows printed one at a time). A
+    device a whole sample lacks is reported lost, not dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, known: set[int] | None = None) -> None:
         self._rows: dict[int, HpuSample] = {}
+        # The devices of the whole samples so far (the collector's, kept across children).
+        self._known: set[int] = known if known is not None else set()
+        self._given = False  # ready() looked at the rows being read: wait for more
 
     @property
     def pending(self) -> bool:
-        return bool(self._rows)
+        return bool(self._rows) and not self._given
 
     def add(self, sample: HpuSample) -> tuple[HpuSample, ...] | None:
-        done = self.flush() if sample.index in self._rows else None
+        """Take a row; the sample it ended, whole, if it starts the next one."""
+        done = None
+        if sample.index in self._rows:
+            done = self._whole()
+            self._rows, self._given = {}, False
         self._rows[sample.index] = sample
+        self._given = False
         return done
 
-    def flush(self) -> tuple[HpuSample, ...] | None:
+    def ready(self) -> tuple[HpuSample, ...] | None:
+        """The sample being read, early, if it has all the node's devices (before a
+        first whole sample says how many there are, as read: rows given one at a time
+        then come as growing samples, until the next sample begins); else None, and not
+        asked again before another row comes."""
+        if not self._rows or self._given:
+            return None
+        self._given = True
+        return self._sorted(self._rows) if self._known <= self._rows.keys() else None
+
+    def finish(self) -> tuple[HpuSample, ...] | None:
+        """The rows read, whole: a one-shot call that exited cleanly printed them all."""
         if not self._rows:
             return None
-        out = tuple(sorted(self._rows.values(), key=lambda s: s.index))
-        self._rows = {}
-        return out
+        done = self._whole()
+        self._rows, self._given = {}, True
+        return done
+
+    def _whole(self) -> tuple[HpuSample, ...]:
+        self._known |= self._rows.keys()
+        rows = dict(self._rows)
+        for index in self._known - rows.keys():
+            rows[index] = HpuSample(index, None, None, state="lost", error=MISSING_TEXT)
+        return self._sorted(rows)
+
+    @staticmethod
+    def _sorted(rows: dict[int, HpuSample]) -> tuple[HpuSample, ...]:
+        return tuple(sorted(rows.values(), key=lambda s: s.index))
 
 
 def find_hlsmi(executable: str | None = None) -> str | None:
@@ -315,6 +352,9 @@ class HlSmiCollector:
     quiet_s: float = 0.15
     #: Smallest ``-l`` argument. hl-smi documents whole seconds; tests lower it for speed.
     min_loop_s: float = 1.0
+    #: One-shot calls (a process a sample) after a loop child gave nothing in time: try
+    #: a loop child again after this long (the first call may have hung on a busy device).
+    loop_retry_s: float = 60.0
 
     def __init__(
         self, *, interval_s: float = 1.0, timeout_s: float = 2.0, executable: str | None = None
@@ -325,7 +365,10 @@ class HlSmiCollector:
         self._fields = list(QUERY_FIELDS)
         self._without_optional_unconfirmed = False
         self._mode = "loop"  # or "oneshot" after a loop child never delivered output
+        self._loop_again_at = 0.0  # monotonic time to try a loop child again
+        self._loop_retries = 0  # loop children that gave nothing in time, in a row
         self._loop_ever_worked = False
+        self._known: set[int] = set()  # the devices hl-smi listed in a whole sample
 
         self._lock = threading.Lock()  # guards everything below
         self._samples: tuple[HpuSample, ...] = ()
@@ -446,9 +489,12 @@ class HlSmiCollector:
                 self._without_optional_unconfirmed = False  # the reduced query works
                 if loop:
                     self._loop_ever_worked = True
+                    self._loop_retries = 0
             if outcome.kind == "done":
                 elapsed = time.monotonic() - run_started
                 self._stop.wait(max(0.0, self._interval_s - elapsed))
+                if time.monotonic() >= self._loop_again_at:
+                    self._mode = "loop"  # one child instead of a process a sample
                 continue
             if not outcome.got_rows and self._retry_without_optional(outcome):
                 continue
@@ -457,8 +503,13 @@ class HlSmiCollector:
                 return  # uninstalled under us; nothing will change by retrying
             if outcome.kind == "timeout" and loop and not self._loop_ever_worked:
                 # Perhaps this hl-smi block-buffers its output into a pipe, so a loop
-                # child's rows never arrive; a one-shot call flushes at exit.
+                # child's rows never arrive; a one-shot call flushes at exit. Or its
+                # first call hung: a loop child is tried again in loop_retry_s.
+                # (An hl-smi that does buffer: tried less and less often, to an hour.)
                 self._mode = "oneshot"
+                wait = min(self.loop_retry_s * 2**self._loop_retries, 3600.0)
+                self._loop_again_at = time.monotonic() + wait
+                self._loop_retries += 1
                 continue
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.max_backoff_s)
@@ -535,7 +586,7 @@ class HlSmiCollector:
     def _read(self, proc: subprocess.Popen[bytes], loop: bool) -> _Outcome:
         assert proc.stdout is not None and proc.stderr is not None
         decoder = _CsvDecoder(self._fields)
-        splitter = LoopSplitter()
+        splitter = LoopSplitter(self._known)
         out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
         started = time.monotonic()
         last_data_at = started
@@ -584,7 +635,7 @@ class HlSmiCollector:
                 if splitter.pending:
                     flush_at = last_data_at + self.quiet_s
                     if now >= flush_at:
-                        done = splitter.flush()
+                        done = splitter.ready()
                         if done:
                             self._publish(done)
                         continue
@@ -606,16 +657,22 @@ class HlSmiCollector:
                         if bad is not None:
                             return bad
 
-        # Both pipes closed: the child is exiting.
+        # Both pipes closed: the child is exiting. A one-shot call that exits cleanly
+        # printed its sample whole; otherwise (a loop child cut short, a failed call)
+        # the rows read count only if they hold every device: never a part of the node.
         bad = take_lines([out_buf]) if out_buf.strip() else None
         if bad is not None:
             return bad
-        done = splitter.flush()
+        try:
+            rc: int | None = proc.wait(
+                timeout=max(0.1, started + self._timeout_s - time.monotonic())
+            )
+        except subprocess.TimeoutExpired:
+            rc = None
+        done = splitter.finish() if rc == 0 and not loop else splitter.ready()
         if done:
             self._publish(done)
-        try:
-            rc = proc.wait(timeout=max(0.1, started + self._timeout_s - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        if rc is None:
             return _Outcome("timeout", last_row_at is not None)
         got_rows = last_row_at is not None
         if rc == 0 and got_rows and not loop:
