@@ -327,7 +327,13 @@ def system_sample(
         ),
         statuses=statuses
         if not hpu_count
-        else (SourceStatus("nvml", False, "NVML library not found"), SourceStatus("hl-smi", True)),
+        # A node that shows GPUs read them through NVML: its status is ok.
+        else (
+            SourceStatus("nvml", True)
+            if gpu_count
+            else SourceStatus("nvml", False, "NVML library not found"),
+            SourceStatus("hl-smi", True),
+        ),
         data_device="nvme0n1",
         data_fs_type="ext4",
         top=top_processes(workers) if with_processes else None,

@@ -54,7 +54,7 @@ from gputop_dl.tui.app import GputopApp
 from gputop_dl.tui.events import BadInput, Received, SourceEvent
 from gputop_dl.tui.format import TIMES
 from gputop_dl.tui.state import INSTRUMENT_HINT
-from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel
+from gputop_dl.tui.widgets.accelerators import AcceleratorsPanel, field_errors
 from gputop_dl.tui.widgets.banner import Banner
 from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.cpu import CpuPanel
@@ -816,3 +816,73 @@ async def test_routine_data_waits_for_the_refresh_a_new_run_does_not() -> None:
         await pilot.pause()
         await pilot.pause()
         assert "runs ● 1 r0" in text(app.header) and "2 r1" in text(app.header)
+
+
+# ---------------------------------------------------------------- accelerators in trouble
+
+
+def last_system(events: list[SourceEvent]) -> Received:
+    return max(
+        (e for e in events if isinstance(e, Received) and isinstance(e.message, System)),
+        key=lambda e: e.received,
+    )
+
+
+def stale_hpus(events: list[SourceEvent]) -> Received:
+    """hl-smi stopped updating: its rows marked stale, its status says why."""
+    last = last_system(events)
+    assert isinstance(last.message, System)
+    sample = last.message.sample
+    stale = "stale: no update for 12 s"
+    hpus = tuple(replace(h, error=stale) for h in sample.hpus)
+    message = "hl-smi data stale: no update for 12 s (hl-smi timed out after 2 s)"
+    statuses = tuple(
+        SourceStatus("hl-smi", False, message) if s.source == "hl-smi" else s
+        for s in sample.statuses
+    )
+    fresh = replace(sample, time=sample.time + 1.0, hpus=hpus, statuses=statuses)
+    return Received(System(SOURCE_ID, fresh), last.received + 1.0)
+
+
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+async def test_stale_gaudi_figures_are_not_shown_as_live(size: tuple[int, int]) -> None:
+    """hl-smi that stopped printing: its last figures are seconds old. On the small
+    screen too the panel says so (it showed them as live, the problem nowhere), and the
+    source's line does not read "no Gaudi" above eight Gaudi rows."""
+    events = live_run(NOW, gpu_count=0, hpu_count=8)
+    app, source, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await feed(pilot, source, [*events, stale_hpus(events)])
+        shown = text(app.accelerators)
+        assert "⚠ hl-smi: hl-smi data stale: no update for 12 s" in shown, shown
+        assert "no Gaudi" not in shown
+        assert "70.5/96.0G" not in shown and " 41%" not in shown  # no old figure as live
+        assert shown.count("stale") >= 8
+
+
+def test_a_failed_nvml_call_is_not_n_a() -> None:
+    """n/a is a field the GPU lacks (NotSupported); a call that failed says so."""
+    error = (
+        "nvmlDeviceGetUtilizationRates: Unknown Error;"
+        " nvmlDeviceGetTemperature: Insufficient Permissions"
+    )
+    assert field_errors(error) == "util: Unknown Error, temp: Insufficient Permissions"
+    assert field_errors("stale: no update for 12 s") == "stale: no update for 12 s"
+    assert field_errors(None) is None and field_errors("") is None
+
+
+async def test_a_gpu_whose_calls_fail_says_which_and_why() -> None:
+    events = live_run(NOW)
+    last = last_system(events)
+    assert isinstance(last.message, System)
+    sample = last.message.sample
+    error = "nvmlDeviceGetUtilizationRates: Unknown Error"
+    gpus = tuple(replace(g, util_pct=None, error=error) if g.index == 2 else g for g in sample.gpus)
+    broken = replace(sample, time=sample.time + 1.0, gpus=gpus)
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(
+            pilot, source, [*events, Received(System(SOURCE_ID, broken), last.received + 1.0)]
+        )
+        (row,) = [r for r in text(app.accelerators).splitlines() if r.startswith("2 ")]
+        assert "⚠ util: Unknown Error" in row, row

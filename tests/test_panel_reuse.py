@@ -84,7 +84,7 @@ async def test_an_accelerator_row_is_sanitized_as_rich_sanitizes_it(
         source.push(live_run(NOW))
         await pilot.pause()
         panel = app.query_one(AcceleratorsPanel)
-        device = Device("GPU", 3, name, None, 42.0, 10 << 30, 80 << 30, 300.0, 700.0, 90.0)
+        device = Device("GPU", 3, name, None, None, 42.0, 10 << 30, 80 << 30, 300.0, 700.0, 90.0)
         device = replace(device, throttle=("thermal",))
         plain_assemble = accelerators.assemble
 

@@ -18,6 +18,23 @@ from gputop_dl.tui.widgets.base import Panel, Part, assemble, trusted_copy
 
 MIN_CELL = 34  # columns a device needs when two share a row
 MISSING_SOURCES = {"nvml": "no NVIDIA GPU", "hl-smi": "no Gaudi"}
+SOURCE_KINDS = {"nvml": "GPU", "hl-smi": "HPU"}
+COMPACT_PROBLEMS = 2  # a short screen's lines for devices with errors, then a count
+PROBLEM_SHOWN = 48  # columns of a device's problem in its row (all of it in the sample)
+SOURCE_NAMES = {"nvml": "NVML", "hl-smi": "hl-smi"}
+STALE = "stale"  # hl-smi's rows when it stopped updating: "stale: no update for 12 s"
+# A per-field error's function, as the row names the field ("util: Unknown Error")
+FIELD_WORDS = (
+    ("Utilization", "util"),
+    ("MemoryInfo", "mem"),
+    ("PowerUsage", "power"),
+    ("PowerLimit", "power limit"),
+    ("Temperature", "temp"),
+    ("ClockInfo", "clock"),
+    ("Clocks", "clock reasons"),
+    ("PcieThroughput", "PCIe"),
+    ("Processes", "processes"),
+)
 THROTTLE_WORDS = {
     "hw_thermal": "thermal",
     "sw_thermal": "thermal",
@@ -40,6 +57,7 @@ class Device:
     index: int
     name: str | None
     lost: str | None  # why, when the device is lost
+    problem: str | None  # what went wrong reading it ("util: Unknown Error"; "stale: ...")
     util_pct: float | None
     mem_used: int | None
     mem_total: int | None
@@ -52,6 +70,20 @@ class Device:
     throttle: tuple[str, ...] = ()
 
 
+def field_errors(error: str | None) -> str | None:
+    """A sample's error as a row says it: NVML's "nvmlDeviceGetUtilizationRates: Unknown
+    Error; ..." as "util: Unknown Error, ..."; any other text as it is. Not "n/a": that
+    is a field the device lacks (nvml.md), not a call that failed."""
+    if not error:
+        return None
+    parts = []
+    for part in error.split("; "):
+        function, sep, message = part.partition(": ")
+        word = next((w for key, w in FIELD_WORDS if key in function), None)
+        parts.append(f"{word}: {message}" if sep and word else part)
+    return ", ".join(parts)
+
+
 def _gpu(gpu: GpuSample) -> Device:
     lost = (gpu.error or "lost") if gpu.state == "lost" else None
     throttle = tuple(
@@ -62,6 +94,7 @@ def _gpu(gpu: GpuSample) -> Device:
         gpu.index,
         gpu.name,
         lost,
+        field_errors(gpu.error) if lost is None else None,
         gpu.util_pct,
         gpu.mem_used_bytes,
         gpu.mem_total_bytes,
@@ -82,6 +115,7 @@ def _hpu(hpu: HpuSample) -> Device:
         hpu.index,
         hpu.name,
         lost,
+        hpu.error if lost is None else None,
         hpu.util_pct,
         hpu.mem_used_bytes,
         hpu.mem_total_bytes,
@@ -172,9 +206,20 @@ class AcceleratorsPanel(Panel):
         else:
             lines.extend(cells)
         for status in self.statuses:
-            text = f"{MISSING_SOURCES[status.source]}: {status.message or 'not available'}"
-            lines.append(Text(text, self.style("panel--dim")))
+            lines.append(self._status_line(status))
         return lines
+
+    def _has(self, source: str) -> bool:
+        kind = SOURCE_KINDS[source]
+        return any(d.kind == kind for d in self.devices)
+
+    def _status_line(self, status: SourceStatus) -> Text:
+        """A source's problem: "no Gaudi: hl-smi not installed" when it shows no device,
+        a warning naming it when its devices are on screen (their figures may be old)."""
+        message = status.message or "not available"
+        if self._has(status.source):
+            return Text(f"⚠ {SOURCE_NAMES[status.source]}: {message}", self.style("panel--warning"))
+        return Text(f"{MISSING_SOURCES[status.source]}: {message}", self.style("panel--dim"))
 
     def _rows_of(self, width: int, show_name: bool) -> list[Text]:
         """:meth:`_row` of every device, reusing the last build's row for a device shown
@@ -205,8 +250,28 @@ class AcceleratorsPanel(Panel):
                 for s in self.statuses
             )
             return [Text(" · ".join(missing), self.style("panel--dim"))]
+        # A source whose devices are shown says what is wrong with them even here (a
+        # stale hl-smi's figures look live otherwise); the absent ones do not take a line.
+        problems = [self._status_line(s) for s in self.statuses if self._has(s.source)]
         if len(self.devices) <= COMPACT_ONE_A_LINE:
-            return [self._row(d, width, not self._same_names()) for d in self.devices]
+            rows = [self._row(d, width, not self._same_names()) for d in self.devices]
+            return rows + problems
+        # A cell has room for a ⚠ only: which device and what, below (a few of them).
+        failing = [
+            d for d in self.devices if d.problem is not None and not d.problem.startswith(STALE)
+        ]
+        for device in failing[:COMPACT_PROBLEMS]:
+            problems.append(
+                Text(
+                    f"⚠ {device.kind} {device.index}: {device.problem}",
+                    self.style("panel--warning"),
+                )
+            )
+        if len(failing) > COMPACT_PROBLEMS:
+            more = len(failing) - COMPACT_PROBLEMS
+            problems.append(
+                Text(f"⚠ {more} more devices with errors", self.style("panel--warning"))
+            )
         cells = [self._cell(d) for d in self.devices]
         cell_width = max(cell.cell_len for cell in cells)
         per_row = max(1, (width + CELL_GAP) // (cell_width + CELL_GAP))
@@ -216,7 +281,7 @@ class AcceleratorsPanel(Panel):
             for cell in row[:-1]:
                 cell.truncate(cell_width, pad=True)
             lines.append(Text(" " * CELL_GAP).join(row))
-        return lines
+        return lines + problems
 
     def _cell(self, device: Device) -> Text:
         # GPUs and HPUs on one node are both numbered from 0: then the kind's initial
@@ -227,6 +292,10 @@ class AcceleratorsPanel(Panel):
         if device.lost is not None:
             cell = Text(index, self.style("panel--label"))
             cell.append("lost", self.style("gpu--lost"))
+            return cell
+        if device.problem is not None and device.problem.startswith(STALE):
+            cell = Text(index, self.style("panel--label"))
+            cell.append(STALE, self.style("panel--warning"))
             return cell
         mem = (
             100.0 * device.mem_used / device.mem_total
@@ -239,7 +308,7 @@ class AcceleratorsPanel(Panel):
                 *self.bar_parts([_fraction(device.util_pct)], CELL_BAR - mixed, ["gpu--util"]),
                 (f"{fmt_pct(device.util_pct, compact=True):>5}", None),
                 (f" m{fmt_pct(mem, compact=True):>4}", self.style("gpu--mem")),
-                ("⚠" if device.throttle else "", self.style("panel--warning")),
+                ("⚠" if device.throttle or device.problem else "", self.style("panel--warning")),
             ]
         )
 
@@ -250,6 +319,11 @@ class AcceleratorsPanel(Panel):
             lost = Text(index, label)  # the label style spans the padding of a shared row
             lost.append(f"lost: {device.lost}", self.style("gpu--lost"))
             return lost
+        if device.problem is not None and device.problem.startswith(STALE):
+            # Its figures are the last ones hl-smi gave, seconds old: not shown as live.
+            stale = Text(index, label)
+            stale.append(device.problem, self.style("panel--warning"))
+            return stale
         name = f"{_short_name(device.name)} " if show_name else ""
         util_pct = f"{fmt_pct(device.util_pct, compact=True):>4}"
         short = width < 60
@@ -272,7 +346,11 @@ class AcceleratorsPanel(Panel):
             optional.append(
                 (f"  PCIe ↓{fmt_rate(device.pcie_rx_bps)} ↑{fmt_rate(device.pcie_tx_bps)}", None)
             )
-        throttle = f"  ⚠ {', '.join(device.throttle)}" if device.throttle else ""
+        problem = device.problem
+        if problem is not None and cell_len(problem) > PROBLEM_SHOWN:
+            problem = problem[: PROBLEM_SHOWN - 1] + "…"
+        warnings = [*device.throttle, *([problem] if problem else [])]
+        throttle = f"  ⚠ {', '.join(warnings)}" if warnings else ""
         fixed = cell_len(index + name + util_pct + mem_ratio + throttle) + 1
         min_bars = 10
         chosen: list[Part] = []
@@ -292,9 +370,10 @@ class AcceleratorsPanel(Panel):
             if device.mem_used is not None and device.mem_total
             else None
         )
-        # The name is the only string from the wire here: without a control code in
-        # it the line has none, and Rich's sanitizing copy of the line can be skipped
-        # (with one, Rich strips the line as it always did).
+        # The name and the problem are the strings from the wire here (cleaned at
+        # ingest, tui.state.clean): without a control code in them the line has none,
+        # and Rich's sanitizing copy of the line can be skipped (with one, Rich strips
+        # the line as it always did).
         return assemble(
             [
                 (index, label),
@@ -307,7 +386,7 @@ class AcceleratorsPanel(Panel):
                 *chosen,
                 (throttle, self.style("panel--warning")),
             ],
-            trusted=strip_control_codes(name) == name,
+            trusted=strip_control_codes(name + throttle) == name + throttle,
         )
 
 
