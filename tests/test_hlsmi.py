@@ -376,6 +376,11 @@ def test_na_fields_are_none(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert hpus[1].power_max_w is None and hpus[1].temperature_c is None
         assert hpus[1].power_w is not None
         assert hpus[2].util_pct is None and hpus[2].temperature_c == 38.0
+        assert hpus[3].mem_used_bytes is None and hpus[3].mem_total_bytes is None
+        assert hpus[3].power_w is None and hpus[3].util_pct is not None
+        four = hpus[4]  # empty cells: not reported, never a 0
+        assert (four.util_pct, four.mem_used_bytes, four.power_w, four.name) == (None,) * 4
+        assert four.mem_total_bytes is not None and four.state == "ok"
     finally:
         col.close()
 
