@@ -190,6 +190,11 @@ if os.environ.get("GPUTOP_BENCH_CPU"):  # before any thread starts: all inherit 
 import numpy as np
 from gputop_dl import probe
 
+def sampler_tids(p):  # the node sampler's threads: its own and NVML's (a driver call's)
+    nvml = getattr(p._sampler._nvml, "_thread", None)
+    tids = {p._sampler._thread.native_id, nvml.native_id if nvml is not None else None}
+    return {str(t) for t in tids if t is not None}
+
 def threads():  # CPU ns of every thread of this process, by thread name (Linux)
     out = {}
     for tid in os.listdir("/proc/self/task"):
@@ -204,7 +209,7 @@ def threads():  # CPU ns of every thread of this process, by thread name (Linux)
             name = "main"
         elif PUBLISHER is not None and tid == str(PUBLISHER):
             name = "publisher"
-        elif SAMPLER is not None and tid == str(SAMPLER):
+        elif SAMPLER is not None and tid in SAMPLER:
             name = "sampler"
         out[name] = out.get(name, 0) + ns
     return out
@@ -261,7 +266,7 @@ def blocks(rounds):
     global PUBLISHER, SAMPLER
     import itertools
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*")
-    PUBLISHER, SAMPLER = p._thread.native_id, p._sampler._thread.native_id
+    PUBLISHER, SAMPLER = p._thread.native_id, sampler_tids(p)
     print(p.endpoint, flush=True)
     sys.stdin.readline()
     time.sleep(0.5)
@@ -366,7 +371,7 @@ PUBLISHER = SAMPLER = None
 p = None
 if mode == "probe":
     p = probe.Probe(name="bench", listen="tcp://127.0.0.1:*")
-    PUBLISHER, SAMPLER = p._thread.native_id, p._sampler._thread.native_id
+    PUBLISHER, SAMPLER = p._thread.native_id, sampler_tids(p)
     loop = p.watch(batches, samples=SAMPLES)
 else:
     loop = two_clock_reads(batches) if mode == "floor" else batches
@@ -728,14 +733,17 @@ threading.Thread(target=read, daemon=True).start()
 def cpu(tid):
     with open(f"/proc/self/task/{tid}/schedstat") as f:
         return int(f.read().split()[0]) / 1e9
-tids = (p._thread.native_id, p._sampler._thread.native_id)
-c0, t0 = [cpu(t) for t in tids], time.monotonic()
+nvml = p._sampler._nvml._thread.native_id  # the sampler's NVML reads: its CPU too
+groups = ((p._thread.native_id,), (p._sampler._thread.native_id, nvml))
+def cpus():
+    return [sum(cpu(t) for t in group) for group in groups]
+c0, t0 = cpus(), time.monotonic()
 for _ in p.watch(range(10**9)):
     time.sleep(0.01)  # a 10 ms step: the GPU's, say
     if time.monotonic() > stop:
         break
 elapsed = time.monotonic() - t0
-print(*((cpu(t) - c) / elapsed * 100 for t, c in zip(tids, c0)))
+print(*((c1 - c) / elapsed * 100 for c1, c in zip(cpus(), c0)))
 """
 
 

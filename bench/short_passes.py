@@ -90,6 +90,7 @@ p.close()
 reader.wait()
 main = __import__("threading").main_thread().native_id  # the training thread: its work
 names = {p._thread.native_id: "publisher", p._sampler._thread.native_id: "sampler", main: None}
+names[p._sampler._nvml._thread.native_id] = "sampler"  # its NVML reads, on their own thread
 parts = {"publisher": 0, "sampler": 0, "zmq and others": 0}
 for tid, ns in after.items():
     name = names.get(tid, "zmq and others")
