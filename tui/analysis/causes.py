@@ -26,6 +26,8 @@ from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_EXIT_PCT,
     DISK_BUSY_ENTER,
     DISK_BUSY_EXIT,
+    DISK_BUSY_SOME,
+    WRITES_OVER_READS,
     DISK_READ_ACTIVE_BPS,
     FREE_CORES_FOR_WORKERS,
     HOST_CPU_FULL_FREE_CORES,
@@ -38,6 +40,7 @@ from gputop_dl.tui.analysis.thresholds import (
     NET_RX_HIGH_BPS,
     OTHERS_CPU_SHARE,
     OTHERS_CPU_SHARE_BAND,
+    OTHERS_NAMED_SHARE,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
@@ -95,13 +98,38 @@ class Context:
     @property
     def loader_cores(self) -> float | None:
         """CPU cores spent loading now: the workers', or with no workers the main process's
-        CPU during the data wait (it loads then)."""
+        CPU during the data wait (it loads then), at most: its CPU over the step and the
+        wait's share of the step, the smaller (a step off-CPU -- a device sync, a sleep --
+        leaves all its CPU to the loading; a step that computes, the wait's share)."""
         h = self.host
         if self.workers == 0:
             if h.main_cpu_pct is None or self.wait_share is None:
                 return None
-            return h.main_cpu_pct / 100.0 * self.wait_share
+            return min(h.main_cpu_pct / 100.0, self.wait_share)
         return h.worker_cpu_cores
+
+    @property
+    def main_wait_cpu_least(self) -> float | None:
+        """With num_workers=0, the least CPU the main process spent while the loop waited
+        (percent of a core): what is left of its CPU over the step once the rest of the
+        step had a core."""
+        cpu, share = self.host.main_cpu_pct, self.wait_share
+        if cpu is None or share is None or share <= 0:
+            return None
+        return max(0.0, min(100.0, (cpu - 100.0 * (1.0 - share)) / share))
+
+    @property
+    def main_wait_cpu_pct(self) -> float | None:
+        """With num_workers=0, the most CPU the main process can have spent while the loop
+        waited (percent of a core): all of its CPU over the step, spent in the wait. Its
+        CPU over the whole step understates it when the step itself is off-CPU: 29 % of a
+        core over a step of which the wait is 30 % may be a core busy loading."""
+        cpu, share = self.host.main_cpu_pct, self.wait_share
+        if cpu is None:
+            return None
+        if share is None or share <= 0:
+            return cpu
+        return min(100.0, cpu / share)
 
     @property
     def loader_cpu_bound(self) -> bool:
@@ -114,9 +142,20 @@ class Context:
 
     @property
     def loader_cpu_pct(self) -> float | None:
-        """CPU of the process(es) that load batches: main with num_workers=0, else the
-        workers' mean."""
-        return self.host.main_cpu_pct if self.workers == 0 else self.host.worker_cpu_pct
+        """CPU of the process(es) that load batches: main with num_workers=0 (at most, in
+        the wait: main_wait_cpu_pct), else the workers' mean."""
+        return self.main_wait_cpu_pct if self.workers == 0 else self.host.worker_cpu_pct
+
+    @property
+    def disk_waited(self) -> bool:
+        """Signs that the loading waits on the disk, not only that the node reads: the
+        data disk DISK_BUSY_SOME busy, or iowait, or I/O pressure."""
+        h = self.host
+        return (
+            (h.disk_busy_pct is not None and h.disk_busy_pct >= DISK_BUSY_SOME)
+            or (h.io_some_pct is not None and h.io_some_pct >= IO_PRESSURE_SOME_PCT)
+            or (h.iowait_cores is not None and h.iowait_cores >= IOWAIT_SOME_CORES)
+        )
 
     @property
     def io_active(self) -> bool:
@@ -301,6 +340,25 @@ def _disk_busy(ctx: Context) -> Cause | None:
         return None
     # A guessed device or CPU-bound loaders at the same time weaken the case.
     confidence = 0.85 if not h.data_disk_guessed and not ctx.loader_cpu_bound else 0.6
+    read, written = h.disk_read_bps or 0.0, h.disk_write_bps or 0.0
+    if written > WRITES_OVER_READS * read:
+        # Busy with writes (an fsync per sample, logs, checkpoints on the data disk): not
+        # the dataset's reads, and copying the dataset elsewhere would change nothing.
+        return Cause(
+            "disk",
+            confidence,
+            f"disk {h.data_disk} is busy with writes, not the dataset's reads",
+            _merge(
+                [f"disk {h.data_disk}: {fmt.bps(written)} written, {fmt.bps(read)} read"],
+                host_evidence(ctx),
+            ),
+            (
+                "find what writes to it (iotop -o, pidstat -d 1): a sync per sample, logs, "
+                "checkpoints or caches written where the data is read",
+                "write less often or elsewhere: batch the writes, no fsync per item, "
+                "checkpoints and logs to another disk",
+            ),
+        )
     return Cause(
         "disk",
         confidence,
@@ -330,17 +388,25 @@ def _network(ctx: Context) -> Cause | None:
 
 def _blocked_loader(ctx: Context) -> Cause | None:
     """The loader's processes are mostly off-CPU while the loop waits for them, and the
-    node reads: the reads are what they wait for."""
+    node reads: the reads are what they wait for. With num_workers=0 the main process's
+    CPU in the wait is known within bounds only (main_wait_cpu_least .. _pct): blocked
+    when even the most is low, or when the least is and the disk is busy with it."""
     cpu = ctx.loader_cpu_pct
-    if not ctx.enough_host or cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT:
+    if not ctx.enough_host or cpu is None:
         return None
     if not ctx.io_active or is_network_fs(ctx.host.data_fs_type):
         return None
+    bound = "at most"
+    if cpu >= LOADER_BLOCKED_CPU_PCT:
+        least = ctx.main_wait_cpu_least if ctx.workers == 0 else None
+        if least is None or least >= LOADER_BLOCKED_CPU_PCT or not ctx.disk_waited:
+            return None
+        cpu, bound = least, "perhaps only"  # its step may have had the rest of its CPU
     who = "the main process" if ctx.workers == 0 else "the loader workers"
     share = fmt.pct_value(cpu)
     if ctx.workers == 0:  # it loads the batches itself (num_workers=0)
         line = (
-            f"the main process loads the batches itself and uses only {share} of a core "
+            f"the main process loads the batches itself and uses {bound} {share} of a core "
             "while the loop waits for them: it is blocked, and the node reads"
         )
     else:
@@ -402,6 +468,17 @@ def _cpu(ctx: Context) -> Cause | None:
             summary = "the main process loads the data itself (no worker process seen)"
         lines = [line]
         cpu = ctx.loader_cpu_pct
+        if (
+            ctx.enough_host
+            and h.free_cores is not None
+            and h.free_cores < HOST_CPU_FULL_FREE_CORES
+            and (cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT)
+        ):
+            # A worker would load on a core that is not there: none of the cores this
+            # process may use is idle. Others taking them, or the loading's own cost.
+            return _contention(ctx) or _cpu_workers(
+                ctx, 0.7, f"the main process loads every batch itself with {cores_text(h)}"
+            )
         if ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT:
             # Off-CPU and no reads (else _blocked_loader said disk): it waits on
             # something else, and more loaders wait in parallel just as well.
@@ -438,8 +515,29 @@ def _cpu(ctx: Context) -> Cause | None:
             )
         return _cpu_workers(ctx, 0.85, f"every loader worker is CPU-bound with {cores_text(h)}")
     if ctx.enough_host and h.free_cores is not None and h.free_cores < HOST_CPU_FULL_FREE_CORES:
-        return _contention(ctx) or _cpu_workers(ctx, 0.7, "the host CPU is full")
+        return _contention(ctx) or _cpu_workers(ctx, 0.7, f"{_cores_full(h)} are full")
     return None
+
+
+def _cores_full(h: HostStats) -> str:
+    """What is full: the host's cores, or the ones this run may use when its CPU affinity
+    leaves some of the node out."""
+    if _narrowed(h):
+        return f"the {h.n_cores} cores this run may use (its CPU affinity)"
+    return "the host's CPU cores"
+
+
+def _narrowed(h: HostStats) -> bool:
+    return h.n_cores is not None and h.node_cores is not None and h.n_cores < h.node_cores
+
+
+def _affinity_advice(h: HostStats) -> str | None:
+    if not _narrowed(h):
+        return None
+    return (
+        f"let it use more of the node's cores: its CPU affinity allows {h.n_cores} of "
+        f"{h.node_cores} (taskset -c, the container's cpuset, Slurm's --cpus-per-task)"
+    )
 
 
 def _contention(ctx: Context) -> Cause | None:
@@ -455,6 +553,13 @@ def _contention(ctx: Context) -> Cause | None:
         share -= OTHERS_CPU_SHARE_BAND
     if busy <= 0 or h.training_cpu_cores >= share * busy:
         return None
+    if h.others is not None:
+        # The process table must show the others: busy cores it cannot name belong to
+        # processes too short-lived to be sampled (workers started every epoch), not to
+        # "other processes" at 0 %.
+        named = sum(cpu for _, cpu in h.others) / 100.0
+        if named < OTHERS_NAMED_SHARE * (busy - h.training_cpu_cores):
+            return None
     line = (
         f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
         "cores: other processes take the rest"
@@ -471,27 +576,40 @@ def _contention(ctx: Context) -> Cause | None:
         )
         lines = [line, missing]
         find = "find the other CPU consumers (top -o %CPU) and stop, move or renice them"
+    affinity = _affinity_advice(h)
     return Cause(
         "cpu-contention",
         0.7,
-        "the host CPU is full with other processes",
+        f"{_cores_full(h)} are full with other processes",
         _merge(lines, host_evidence(ctx)),
-        (find, "or give the job dedicated cores (taskset, a CPU-pinned container)"),
+        (find, affinity or "or give the job dedicated cores (taskset, a CPU-pinned container)"),
     )
 
 
 def _cpu_workers(ctx: Context, confidence: float, summary: str) -> Cause:
+    advice = []
+    loader = ctx.loader
+    if loader is not None and loader.persistent_workers is False and ctx.workers:
+        advice.append(
+            f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: its workers are "
+            "started again every epoch, and each start costs CPU"
+        )
+    affinity = _affinity_advice(ctx.host)
+    if affinity is not None:
+        advice.append(affinity)
+    advice += [
+        "make decode/augmentation cheaper: smaller stored images, decode at reduced size, "
+        "fewer or simpler transforms, pre-process once offline",
+        "move augmentation to the GPU (NVIDIA DALI, torchvision.transforms.v2 on tensors)",
+    ]
+    if affinity is None:
+        advice.append("or give the job more CPU cores")
     return Cause(
         "cpu-workers",
         confidence,
         f"CPU-bound preprocessing: {summary}",
         tuple(host_evidence(ctx)),
-        (
-            "make decode/augmentation cheaper: smaller stored images, decode at reduced size, "
-            "fewer or simpler transforms, pre-process once offline",
-            "move augmentation to the GPU (NVIDIA DALI, torchvision.transforms.v2 on tensors)",
-            "or give the job more CPU cores",
-        ),
+        tuple(advice),
     )
 
 

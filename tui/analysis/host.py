@@ -43,6 +43,7 @@ class HostStats:
     data_disk: str | None
     data_disk_guessed: bool  # data device unknown: the busiest disk stands in
     disk_read_bps: float | None
+    disk_write_bps: float | None
     disk_busy_pct: float | None
     swap_in_bps: float | None
     io_some_pct: float | None
@@ -376,6 +377,7 @@ def host_stats(
         data_disk=disk,
         data_disk_guessed=guessed,
         disk_read_bps=_per_sample(sampled, lambda s: _read_bps(s, disk)),
+        disk_write_bps=_per_sample(sampled, lambda s: _write_bps(s, disk)),
         disk_busy_pct=_per_sample(sampled, lambda s: _busy_pct(s, disk)),
         swap_in_bps=_median(swaps),
         io_some_pct=_per_sample(sampled, lambda s: s.pressure.io_some if s.pressure else None),
@@ -392,6 +394,11 @@ def host_stats(
 def _read_bps(s: SystemSample, disk: str | None) -> float | None:
     d = _disk(s, disk)
     return d.read_bps if d else None
+
+
+def _write_bps(s: SystemSample, disk: str | None) -> float | None:
+    d = _disk(s, disk)
+    return d.write_bps if d else None
 
 
 def _busy_pct(s: SystemSample, disk: str | None) -> float | None:

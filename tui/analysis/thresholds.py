@@ -70,6 +70,8 @@ FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a c
 #   idle is one (the advice must not say "no core idle" beside it)
 HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
 OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
+# ... and the process table names at least this share of the cores not the training's
+OTHERS_NAMED_SHARE = 0.5
 OTHERS_CPU_SHARE_BAND = 0.1  # hysteresis: once shown, contention holds up to 60 %; once
 #   cpu-workers is shown, contention needs the training under 40 % (a shared node swings)
 IOWAIT_HIGH_CORES = 0.5  # half a core's worth of time waiting on I/O
@@ -81,6 +83,11 @@ IOWAIT_SOME_CORES = 0.25
 IO_PRESSURE_SOME_PCT = 10.0
 DISK_READ_ACTIVE_BPS = 20e6
 DISK_BUSY_ENTER = 70.0  # data device busy %: near saturation for a single queue
+# With num_workers=0 and a main process whose CPU in the wait is unknown (its CPU over
+# the step could be the wait's or the step's): a disk this busy, or iowait or I/O
+# pressure, says the wait is the reads'; less (a fast disk 1 % busy) says it computes.
+DISK_BUSY_SOME = 25.0
+WRITES_OVER_READS = 2.0  # a busy data disk writing this many times what it reads: writes
 DISK_BUSY_EXIT = 60.0
 SWAP_IN_ENTER_BPS = 1e6  # any sustained swap-in during training is a bottleneck (seed 003)
 SWAP_IN_EXIT_BPS = 0.5e6
