@@ -27,7 +27,6 @@ from gputop_dl.tui.analysis.thresholds import (
     DISK_BUSY_ENTER,
     DISK_BUSY_EXIT,
     DISK_BUSY_SOME,
-    WRITES_OVER_READS,
     DISK_READ_ACTIVE_BPS,
     FREE_CORES_FOR_WORKERS,
     HOST_CPU_FULL_FREE_CORES,
@@ -45,6 +44,7 @@ from gputop_dl.tui.analysis.thresholds import (
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
     SYSTEM_WINDOW_S,
+    WRITES_OVER_READS,
 )
 
 NO_HOST_SAMPLES = (
