@@ -1314,3 +1314,26 @@ def test_busy_cores_no_process_accounts_for_are_not_other_processes() -> None:
     assert v.cause != "cpu-contention", v
     assert not any("kdamond" in a for a in v.advice), v.advice
     assert any("persistent_workers=True" in a for a in v.advice), v.advice
+
+
+@pytest.mark.parametrize("how", ["re-entered", "after a hung step"])
+def test_host_samples_of_an_evaluation_or_a_hang_do_not_name_the_cause_after(how: str) -> None:
+    """Resumed after an evaluation outside the loop, or after a step that hung: the
+    samples of that time (cores idle) said "cause unknown, 1.5 cores idle" for seconds
+    beside a host line "96 % busy". Only the samples since count."""
+    steps = make_steps(40, wait=INPUT, start=T0)
+    resumed = steps[0].end_time - steps[0].period_s  # the stretch's first step starts
+    h = replace(hello(4), loop="in-loop", loop_since=resumed)
+    if how == "after a hung step":
+        h = hello(4)
+        hang = replace(steps[10], period_s=60.0)  # its end is when the loop resumed
+        steps = [*steps[:10], hang, *steps[11:]]
+        resumed = hang.end_time
+    now = steps[-1].end_time + 0.05
+    busy = {"cpu": cores(8, busy=97), "procs": processes(30.0, [97.0] * 4)}
+    idle = {"cpu": cores(8, busy=5), "procs": processes(5.0, [2.0] * 4)}
+    # Most of the host window is the evaluation's (or the hang's) idle cores.
+    before = [system(resumed - 0.5 - i, **idle) for i in range(8)]  # type: ignore[arg-type]
+    after = [system(t, **busy) for t in (resumed + 1.5, now)]  # type: ignore[arg-type]
+    v = analyze(Window(now=now, steps=steps, systems=before + after, hello=h))
+    assert v.kind == "input-bound" and v.cause == "cpu-workers", v

@@ -11,13 +11,14 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
 import pytest
 
 from gputop_dl.probe import stack as stacks
-from gputop_dl.probe.messages import Frame, Hello, Stack, StepRecord, Steps
+from gputop_dl.probe.messages import Frame, Hello, LoaderInfo, Stack, StepRecord, Steps
 from gputop_dl.probe.protocol import MalformedMessage, decode, encode
 from gputop_dl.tui.analysis import stuck, thresholds
 from gputop_dl.tui.analyzer import Window, analyze
@@ -269,6 +270,31 @@ def test_the_stalled_verdict_names_the_line_and_advises_by_access() -> None:
     # A stack of an earlier stall (a step ended since) is not shown.
     old = Window(T0 + 60, steps(), (), hello(), stack(USER, index=3), None)
     assert "train.py" not in "\n".join(analyze(old).evidence)
+
+
+WATCH = Frame("/work/main/gputop_dl/probe/watch.py", 192, "__iter__", "yield from segment")
+LOOP = Frame("/home/u/train.py", 96, "main", "for x, y in it:")
+
+
+def test_a_stall_in_the_loaders_next_says_the_loop_waits_for_a_batch() -> None:
+    """Workers hung in __getitem__: the training thread sits in the watched loader's
+    next(). Its frame is gputop's, not the user's code (an editable install is not under
+    site-packages), and the advice is the loader's, with its workers to py-spy -- not
+    "an evaluation inside a step clears by itself"."""
+    loader = LoaderInfo("torch.DataLoader", 2, False, 32, 2, True, worker_pids=(4001, 4002))
+    h = replace(hello(), loader=loader)
+    window = Window(T0 + 60, steps(), (), h, stack(LIB, LIB, WATCH, LOOP), None)
+    verdict = analyze(window)
+    assert verdict.kind == "stalled"
+    assert verdict.headline.startswith("Stalled: no batch for"), verdict.headline
+    text = "\n".join(verdict.evidence)
+    assert "your code: /home/u/train.py:96 in main(): for x, y in it:" in text, text
+    assert "your code: /work/main/gputop_dl" not in text
+    assert verdict.advice[0].startswith("the loop waits for its next batch")
+    assert verdict.advice[1] == "see where the workers are: py-spy dump --pid 4001 / 4002"
+    # In the step body (no watch frame): the step's advice, as before.
+    body = analyze(Window(T0 + 60, steps(), (), h, stack(LIB, USER), None))
+    assert body.headline.startswith("Stalled: no step for")
 
 
 def test_the_viewer_keeps_the_newest_stack_cleaned() -> None:

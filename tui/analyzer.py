@@ -33,7 +33,7 @@ from gputop_dl.tui.analysis.steps import (
     typical_period,
     usable_steps,
 )
-from gputop_dl.tui.analysis.stuck import Ptrace, current, pyspy_advice, stack_evidence
+from gputop_dl.tui.analysis.stuck import Ptrace, current, fetching, pyspy_advice, stack_evidence
 from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
@@ -52,6 +52,8 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_INFO_EXIT,
     INPUT_WARN_ENTER,
     INPUT_WARN_EXIT,
+    LONG_STEP_FACTOR,
+    LONG_STEP_MIN_S,
     LOW_GPU_UTIL_PCT,
     MIN_SLOW_STEPS,
     MIN_STEPS,
@@ -472,17 +474,36 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     pid = window.hello.pid if window.hello is not None else None
     host = window.hello.host if window.hello is not None else None
     pyspy = f"otherwise see where it hangs: py-spy dump{'' if pid is None else f' --pid {pid}'}"
+    if stack is not None and fetching(stack):
+        # Inside the loader's next(): the loop waits for a batch that does not come.
+        loader = hello.loader if hello is not None else None
+        workers = loader.worker_pids if loader is not None else ()
+        advice: tuple[str, ...] = (
+            "the loop waits for its next batch: the loader hangs (a worker stuck in "
+            "__getitem__, a read from a dead mount, a lock); a worker that died is "
+            "reported by torch when its timeout= passes",
+            f"see where the workers are: py-spy dump --pid {' / '.join(map(str, workers))}"
+            if workers
+            else pyspy_advice(pid, host, window.ptrace),
+        )
+        headline = (
+            f"Stalled: no batch for {fmt.dur(gap)} (the loop waits in the loader); "
+            f"typical step {fmt.dur(typical)}"
+        )
+    else:
+        advice = (
+            "evaluation or a checkpoint run inside a step (Lightning's val_check_interval) "
+            "clears by itself when the step ends",
+            pyspy_advice(pid, host, window.ptrace) if stack is not None else pyspy,
+        )
+        headline = f"Stalled: no step for {fmt.dur(gap)}; typical step {fmt.dur(typical)}"
     return Verdict(
         "stalled",
         "critical",
         min(1.0, 0.5 + 0.5 * (gap - limit) / limit),
-        f"Stalled: no step for {fmt.dur(gap)}; typical step {fmt.dur(typical)}",
+        headline,
         evidence=tuple(evidence),
-        advice=(
-            "evaluation or a checkpoint run inside a step (Lightning's val_check_interval) "
-            "clears by itself when the step ends",
-            pyspy_advice(pid, host, window.ptrace) if stack is not None else pyspy,
-        ),
+        advice=advice,
         conditions=("stalled",),
     )
 
@@ -907,6 +928,25 @@ def _scope(hello: Hello | None) -> Scope:
     )
 
 
+def _stretch_from(window: Window, steps: list[StepRecord]) -> float | None:
+    """Since when the host samples describe the loop as it runs now: its first step, or
+    later its re-entry (after an evaluation outside it), or the end of the newest step
+    that hung (LONG_STEP_FACTOR x typical): a sample of the evaluation or of the hang
+    would name its cause for the steps after it (a review: "cause unknown, 1.5 cores
+    idle" for 4 s after each evaluation, with the host 96 % busy)."""
+    start = window.run_from
+    hello = window.hello
+    if hello is not None and hello.loop == "in-loop" and hello.loop_since is not None:
+        start = hello.loop_since if start is None else max(start, hello.loop_since)
+    if len(steps) >= MIN_STEPS:
+        long = max(LONG_STEP_MIN_S, LONG_STEP_FACTOR * typical_period(steps, len(steps)))
+        # any step of the window: a prefetched one may hang as well
+        hung = next((s for s in reversed(window.steps) if s.period_s > long), None)
+        if hung is not None:
+            start = hung.end_time if start is None else max(start, hung.end_time)
+    return start
+
+
 def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
     condition it holds is left only below its exit threshold)."""
@@ -927,7 +967,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
             hello.host if hello else None,
             window.now,
             _scope(hello),
-            window.run_from,
+            _stretch_from(window, steps),
         ),
         devices=device_states(window.systems, window.now, own),
         steps=steps,

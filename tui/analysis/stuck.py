@@ -13,7 +13,11 @@ SHOWN_FRAMES = 3  # innermost frames in the evidence (the JSON carries all of th
 SHOWN_PATH = 60  # characters of a path in the evidence, its end kept
 # Paths that are libraries, not the user's code: the innermost frame *outside* them is
 # where the user's code waits, named too when it is not among the innermost frames.
-LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+# gputop's own frames too (an editable install or a checkout is not under site-packages).
+LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/gputop_dl/")
+# The watched loop's own frame: on the stack only while the loop fetches its next batch
+# (between steps it is a suspended generator, which no thread's stack holds).
+FETCHING_MARK = "/gputop_dl/probe/watch.py"
 USER_FRAME = "your code: "  # leads the line of the user's innermost frame
 
 
@@ -27,6 +31,11 @@ class Ptrace:
 
 def is_library(frame: Frame) -> bool:
     return any(mark in frame.file for mark in LIBRARY_MARKS)
+
+
+def fetching(stack: Stack) -> bool:
+    """The training thread is inside the watched loader's next(): waiting for a batch."""
+    return any(frame.file.endswith(FETCHING_MARK) for frame in stack.frames)
 
 
 def where(frame: Frame) -> str:
