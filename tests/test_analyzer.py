@@ -855,6 +855,9 @@ def test_bursty_waits_count() -> None:
     v = analyze(window(steps, **QUIET))
     assert (v.kind, v.severity) == ("input-bound", "warning")
     assert any("bursts" in e for e in v.evidence)
+    # num_workers=0: no rounds of workers; the odd slow batch is its own
+    alone = analyze(window(steps, h=hello(0), procs=processes(100.0)))
+    assert alone.kind == "input-bound" and not any("bursts" in e for e in alone.evidence)
 
 
 def test_lone_outlier_step_is_left_out() -> None:
@@ -1337,3 +1340,21 @@ def test_host_samples_of_an_evaluation_or_a_hang_do_not_name_the_cause_after(how
     after = [system(t, **busy) for t in (resumed + 1.5, now)]  # type: ignore[arg-type]
     v = analyze(Window(now=now, steps=steps, systems=before + after, hello=h))
     assert v.kind == "input-bound" and v.cause == "cpu-workers", v
+
+
+def test_a_generator_is_not_told_to_set_num_workers() -> None:
+    """A plain generator has no num_workers: the advice says to make the batches in a
+    DataLoader, not "set DataLoader(num_workers=1)" (a review's generator loop)."""
+    h = replace(hello(0), loader=LoaderInfo("generator"))
+    v = analyze(window(make_steps(wait=INPUT), h=h, procs=processes(100.0), cpu=cores(8, busy=5)))
+    assert v.cause == "few-workers", v
+    assert v.advice[0].startswith("load in parallel: make the batches in a torch DataLoader("), v
+    assert "instead of the generator" in v.advice[0]
+    assert not v.advice[0].startswith("set DataLoader"), v.advice
+
+
+def test_no_gain_is_said_so() -> None:
+    from gputop_dl.tui.analyzer import _gain
+
+    assert _gain(100.0, 143.0) == "+43 %"
+    assert _gain(100.0, 99.8) == "no gain" and _gain(100.0, 100.2) == "no gain"  # not "+-0 %"

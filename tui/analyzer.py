@@ -14,6 +14,7 @@ Thresholds live in ``tui.analysis.thresholds``; ``docs/verdicts.md`` explains ea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -153,7 +154,12 @@ def _rate(stats: StepStats) -> tuple[float, str]:
 
 
 def _gain(rate: float, bound: float) -> str:
-    return f"+{(bound / rate - 1) * 100:.0f} %"
+    """ "+43 %"; "no gain" where the bound is not above the rate now (not "+-0 %")."""
+    change = (bound / rate - 1) * 100
+    if not math.isfinite(change):  # a rate of steps too short to time
+        return "gain unknown"
+    pct = round(change)
+    return f"+{pct} %" if pct > 0 else "no gain"
 
 
 def _headroom(stats: StepStats, what: str, share: float) -> str | None:
@@ -203,7 +209,7 @@ def _window_text(stats: StepStats) -> str:
     return f"last {stats.n} steps, {fmt.dur(stats.span_s)}{trimmed}"
 
 
-def _wait_lines(stats: StepStats) -> list[str]:
+def _wait_lines(stats: StepStats, workers: int | None = None) -> list[str]:
     share = stats.wait_share or 0.0
     mean_wait = stats.mean_wait_s or 0.0
     lines = [
@@ -213,7 +219,10 @@ def _wait_lines(stats: StepStats) -> list[str]:
     if stats.idle_share is not None:
         lines.append(f"device idle while waiting: {fmt.pct(stats.idle_share)} of step time")
     median = stats.median_wait_s
-    if median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
+    # Rounds of batches: workers each deliver one in turn. Without two of them, waits
+    # that vary are the batches' own (their sizes, their items), not rounds.
+    rounds = workers is not None and workers >= 2
+    if rounds and median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
         lines.append(
             f"waits come in bursts (median step waits {fmt.dur(median)}): batches arrive "
             "together, then the loop waits for the next round"
@@ -573,7 +582,7 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
         round(confidence, 2),
         f"{label} ({what} {fmt.pct(share)} of step): {cause.summary}",
         cause=cause.name,
-        evidence=(*_wait_lines(stats), _throughput_line(stats), *cause.evidence),
+        evidence=(*_wait_lines(stats, _workers(ctx)), _throughput_line(stats), *cause.evidence),
         advice=cause.advice,
         headroom=_input_headroom(stats, cause, share),
         conditions=(f"input-bound/{cause.name}",),
@@ -581,10 +590,18 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
     return _Candidate(verdict, 0 if severity == "warning" else 4, share)
 
 
+def _workers(ctx: _Ctx) -> int | None:
+    """num_workers as configured, else the worker processes seen."""
+    loader = ctx.loader
+    if loader is not None and loader.num_workers is not None:
+        return loader.num_workers
+    return ctx.host.worker_count
+
+
 def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
     stats = ctx.stats
     timed = _has_device_timing(stats)
-    evidence = [*_wait_lines(stats), _throughput_line(stats)]
+    evidence = [*_wait_lines(stats, _workers(ctx)), _throughput_line(stats)]
     if stats.device_busy_share is not None:
         evidence.append(f"device busy {fmt.pct(stats.device_busy_share)} of step time")
     elif ctx.window.hello is None or ctx.window.hello.timing == "host":

@@ -229,7 +229,8 @@ def host_evidence(ctx: Context) -> list[str]:
             else ""
         )
         mean = f", mean {fmt.pct_value(h.worker_cpu_pct)}" if h.worker_cpu_pct is not None else ""
-        lines.append(f"{h.worker_count} loader workers{sat}{mean}")
+        noun = "loader worker" if h.worker_count == 1 else "loader workers"
+        lines.append(f"{h.worker_count} {noun}{sat}{mean}")
     if h.disk_busy_pct is not None or h.disk_read_bps is not None:
         figures = []
         if h.disk_read_bps is not None:
@@ -428,8 +429,17 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
     h = ctx.host
     lo, hi = suggest_workers(current, h.free_cores, h.usable_cores)
     knob = knobs.knob(ctx.framework, "num_workers", fmt.worker_range(lo, hi))
-    advice = [f"set {knob} ({_now(ctx)}; {cores_text(h)})"]
     loader = ctx.loader
+    if loader is not None and loader.kind != knobs.DATALOADER and loader.wrapper is None:
+        # A generator, a list: no num_workers to set. Batches made in parallel need a
+        # DataLoader (an IterableDataset for a stream) around what makes them.
+        advice = [
+            f"load in parallel: make the batches in a torch {knob} (an IterableDataset "
+            f"for a stream) instead of the {loader.kind}, which loads one at a time in "
+            f"the main process ({cores_text(h)})"
+        ]
+    else:
+        advice = [f"set {knob} ({_now(ctx)}; {cores_text(h)})"]
     if loader is not None and loader.persistent_workers is False:
         advice.append(
             f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: workers are not "

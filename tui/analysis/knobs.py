@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from gputop_dl.probe.messages import LoaderInfo
 
+DATALOADER = "torch.DataLoader"  # LoaderInfo.kind of a torch DataLoader
+
 # DataLoader argument -> TrainingArguments field
 _TRANSFORMERS = {
     "num_workers": "dataloader_num_workers",
