@@ -1313,3 +1313,27 @@ def test_a_publisher_inventing_host_names_cannot_grow_the_hosts() -> None:
         state.apply(received(System(SOURCE_ID, sample), T0 + i * 0.01))
     assert len(state.hosts) <= hosts_module.MAX_HOSTS
     assert "node-1999" in state.hosts
+
+
+def test_outside_the_loop_no_rate_now_and_no_stall_points() -> None:
+    """An evaluation outside the loop: the header showed the loop's last rate ("1,907
+    samples/s" beside "outside the training loop"), and zero points dragged the rate
+    after it. Outside, no rate now and no pending points; back in, the loop's own."""
+    now = T0 + 60.0
+    state = ViewerState(HOST, pid_alive=False)
+    state.apply_all(live_run(now))
+    state.tick(now)
+    assert state.selected is not None and state.selected.rate_now is not None
+    state.apply(received(Loop(SOURCE_ID, "outside", now + 0.1, 5_000, "exhausted"), now + 0.1))
+    for t in (now + 5.0, now + 20.0):
+        state.apply(received(hello(), t - 0.5))  # the probe's hello every 2 s: live
+        state.tick(t)
+        run = state.selected
+        assert run is not None and run.rate_now is None, run
+        assert run.connection.state == "live"
+        assert state._sources[SOURCE_ID].pending == ()
+    # The same silence inside the loop is a stall: its zero points are drawn.
+    state.apply(received(Loop(SOURCE_ID, "in-loop", now + 21.0, 5_000), now + 21.0))
+    state.apply(received(hello(), now + 39.5))
+    state.tick(now + 40.0)
+    assert state._sources[SOURCE_ID].pending != ()

@@ -153,6 +153,13 @@ class Run:
         self.loop = loop
         self._window_hello = None
 
+    @property
+    def outside_loop(self) -> bool:
+        """The probe says the training left its watched loop (an evaluation, a
+        checkpoint between epochs): no step is expected, none is late."""
+        hello = self.window_hello()
+        return hello is not None and hello.loop == "outside"
+
     def window_hello(self) -> Hello | None:
         """The newest hello with the loop state of the newest Loop message when that is
         newer (a loop left between two hellos is known at once)."""

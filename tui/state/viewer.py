@@ -493,8 +493,8 @@ class ViewerState:
         self, source: Run, connection: Connection, now: float
     ) -> tuple[ThroughputPoint, ...]:
         last_end = source.throughput.last_end
-        if connection.state != LIVE or last_end is None:
-            return ()
+        if connection.state != LIVE or last_end is None or source.outside_loop:
+            return ()  # outside the loop no step is late: its time is in no point
         typical = source.typical_period() or 0.0
         probe_now = source.probe_time(now)
         if probe_now - last_end < max(STALL_MIN_S, 2.0 * typical):
@@ -572,7 +572,11 @@ class ViewerState:
             unit=source.unit,
             # A run that ended has no rate now: its last points are from before it
             # stopped (a run killed outside its loop showed its last epoch's rate).
-            rate_now=None if connection.state in (EXITED, LOST) else source.rate_now(),
+            # Nor one outside its loop: the last points are the loop's before it left (a
+            # review: "1,907 samples/s" beside "outside the training loop").
+            rate_now=None
+            if connection.state in (EXITED, LOST) or source.outside_loop
+            else source.rate_now(),
             rate_avg=source.rate_avg(),
             wait_share_now=wait_share,
             device_busy_now=device_share,
