@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from gputop_dl.probe.core import Phase, Probe, current
+from gputop_dl.probe.core import Outside, Phase, Probe, current
 from gputop_dl.probe.version import __version__
 
 # Imported before ``def watch`` below on purpose: loading the submodule binds the package
@@ -73,4 +73,22 @@ def phase(name: str) -> Phase:
     return default().phase(name)
 
 
-__all__ = ["Phase", "Probe", "Watched", "__version__", "default", "phase", "step", "watch"]
+def outside(what: str = "evaluation") -> Outside:
+    """Mark a stretch without steps: ``with probe.outside("evaluation"): evaluate()``.
+    Viewers show "outside the training loop" instead of a stall. ``watch`` knows when its
+    loop is left by itself; loops timed with :func:`step` need this."""
+    return default().outside(what)
+
+
+__all__ = [
+    "Outside",
+    "Phase",
+    "Probe",
+    "Watched",
+    "__version__",
+    "default",
+    "outside",
+    "phase",
+    "step",
+    "watch",
+]

@@ -36,7 +36,16 @@ from gputop_dl.probe.device_timing import CudaTimer, detect, device_ref, own_dev
 from gputop_dl.probe.history import Batch
 from gputop_dl.probe.history import messages as history_messages
 from gputop_dl.probe.history import trim as trim_history
-from gputop_dl.probe.messages import CRASHED, Bye, DeviceRef, Hello, LoaderInfo, Loop, System
+from gputop_dl.probe.messages import (
+    CRASHED,
+    MARKED,
+    Bye,
+    DeviceRef,
+    Hello,
+    LoaderInfo,
+    Loop,
+    System,
+)
 from gputop_dl.probe.protocol import MICROS, HostRow, WireRow, encode, encode_steps
 from gputop_dl.probe.samples import MAX_COUNT, MAX_STR
 from gputop_dl.probe.stamps import Segment
@@ -152,6 +161,35 @@ class Phase:
         # Logged against the open step's index; the publisher thread sums them per step.
         p = self._probe
         p._phase_log.append((p._index_now(), self._name, time.perf_counter() - self._t0))
+
+
+MARK_MAX = 64  # characters of what the script named
+
+
+class Outside:
+    """Context manager: the script says no step is expected for a while (``with
+    probe.outside("evaluation")``): viewers show "outside the training loop", not a
+    stall. For loops timed with :meth:`Probe.step`, which no ``watch`` can tell this of;
+    inside a watched loop's step it marks the same (that step then takes longer)."""
+
+    __slots__ = ("_previous", "_probe", "_what")
+
+    def __init__(self, probe: Probe, what: str) -> None:
+        self._probe = probe
+        self._what = str(what)[:MARK_MAX]
+        self._previous: str | None = None
+
+    def __enter__(self) -> Outside:
+        p = self._probe
+        if p.enabled:
+            self._previous = p._loop
+            p._mark_loop("outside", MARKED + self._what)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        p = self._probe
+        if p.enabled and self._previous != "outside":  # nested: the outer one goes on
+            p._mark_loop("in-loop", None)
 
 
 _current: Probe | None = None
@@ -527,6 +565,16 @@ class Probe:
 
     def phase(self, name: str) -> Phase:
         return Phase(self, name)
+
+    def outside(self, what: str = "evaluation") -> Outside:
+        return Outside(self, what)
+
+    def _mark_loop(self, state: str, how: str | None) -> None:
+        """Training thread: the script marked the loop left or resumed (no pass begins
+        or ends: a watched loop's timing is untouched). Never raises."""
+        now = time.time()
+        self._loop, self._loop_since, self._loop_exit = state, now, how
+        self._loop_events.append((state, now, self._index_now(), how))
 
     def _log_phase(self, name: str, seconds: float) -> None:
         """A phase of the open step timed elsewhere (framework hooks), logged as

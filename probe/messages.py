@@ -157,6 +157,10 @@ class Loop:
     how: Str | None = None  # when leaving: "exhausted", "break" or "exception:<Type>"
 
 
+# A Loop's ``how`` when the script marked the loop left (``probe.outside("evaluation")``:
+# "marked:evaluation"); docs/protocol.md, "loop".
+MARKED = "marked:"
+
 # A bye's reason starts with this when an exception no one caught ended the process
 # (docs/protocol.md, "bye"): "crashed (RuntimeError: text)".
 CRASHED = "crashed"

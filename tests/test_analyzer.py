@@ -1358,3 +1358,20 @@ def test_no_gain_is_said_so() -> None:
 
     assert _gain(100.0, 143.0) == "+43 %"
     assert _gain(100.0, 99.8) == "no gain" and _gain(100.0, 100.2) == "no gain"  # not "+-0 %"
+
+
+def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
+    """A loop timed with probe.step that evaluates 25 s: critical "Stalled" every epoch
+    (a review), unless the script says so with probe.outside -- then an info line."""
+    steps = make_steps(40)
+    now = steps[-1].end_time + 25.0
+    stalled = analyze(window(steps, now=now))
+    assert (stalled.kind, stalled.severity) == ("stalled", "critical")
+    assert any('probe.outside("evaluation")' in a for a in stalled.advice), stalled.advice
+    marked = replace(
+        hello(), loop="outside", loop_since=steps[-1].end_time + 0.01, loop_exit="marked:evaluation"
+    )
+    v = analyze(window(steps, h=marked, now=now))
+    assert (v.kind, v.severity) == ("outside-loop", "info"), v
+    assert v.headline == "Outside the training loop for 25 s: evaluation"
+    assert "the script marked it: probe.outside('evaluation')" in v.evidence[0]

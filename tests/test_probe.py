@@ -823,6 +823,30 @@ def test_loop_entered_and_left_are_published_with_how(body: str, how: str) -> No
     assert hello["loop_since"] == pytest.approx(loops[1]["time"])
 
 
+def test_a_loop_timed_with_step_marks_its_evaluation_outside() -> None:
+    """probe.step has no loop to watch leave: probe.outside says it, to the wire (and so
+    to every viewer: "outside the training loop", not a critical stall)."""
+    p = tcp_probe("stepped", system_interval_s=0)
+    reader = attached(p)
+    for _ in range(5):
+        p.step(8)
+    with p.outside("evaluation"):
+        reader.pump(0.6)  # the publisher sends the change while it lasts
+        with p.outside("checkpoint"):  # nested: the outer one goes on after it
+            pass
+    for _ in range(3):
+        p.step(8)
+    reader.pump(1.0)
+    p.close()
+    reader.pump(0.3)
+    reader.close()
+    loops = [(m["state"], m["how"]) for m in reader.of_kind("loop")]
+    assert loops[0] == ("outside", "marked:evaluation"), loops
+    assert ("outside", "marked:checkpoint") in loops
+    assert loops[-1] == ("in-loop", None), loops
+    assert {r["index"] for r in reader.steps()} == set(range(7))  # 8 marks: 7 steps
+
+
 def test_short_passes_send_their_loop_changes_not_a_hello_each() -> None:
     # Viewers apply Loop messages to the hello they hold (tui/state/run.py,
     # window_hello): a hello a pass cost the publisher ~0.25 ms each, 2-5 a second for

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from gputop_dl.probe.messages import Hello, LoaderInfo, Stack, StepRecord
+from gputop_dl.probe.messages import MARKED, Hello, LoaderInfo, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import Cause, input_cause
@@ -387,6 +387,12 @@ def _process_state(systems: Sequence[SystemSample], now: float, in_loop: bool) -
 _LEFT_BY = {"exhausted": "the loader ran out", "break": "the loop broke off"}
 
 
+def _left_by(how: str) -> str:
+    if how.startswith(MARKED):
+        return f"the script marked it: probe.outside({how.removeprefix(MARKED)!r})"
+    return _LEFT_BY.get(how, how)
+
+
 def _main_cpu_line(window: Window) -> str | None:
     """The main training process's CPU in the newest recent node sample."""
     recent = [
@@ -423,11 +429,13 @@ def _outside(window: Window) -> Verdict | None:
             f"Outside the training loop for {fmt.dur(away)}: it ended with "
             f"{how.removeprefix('exception:')}"
         )
+    elif how.startswith(MARKED):
+        headline = f"Outside the training loop for {fmt.dur(away)}: {how.removeprefix(MARKED)}"
     else:
         headline = f"Outside the training loop for {fmt.dur(away)} (evaluation or checkpoint?)"
     evidence = [
         f"the training loop was left {fmt.dur(away)} ago after {hello.step_count} steps "
-        f"({_LEFT_BY.get(how, how)})"
+        f"({_left_by(how)})"
     ]
     cpu = _main_cpu_line(window)
     evidence.append(cpu if cpu is not None else "main process CPU not sampled")
@@ -502,7 +510,8 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     else:
         advice = (
             "evaluation or a checkpoint run inside a step (Lightning's val_check_interval) "
-            "clears by itself when the step ends",
+            "clears by itself when the step ends (with probe.step, mark one between steps: "
+            'with probe.outside("evaluation"): ...)',
             pyspy_advice(pid, host, window.ptrace) if stack is not None else pyspy,
         )
         headline = f"Stalled: no step for {fmt.dur(gap)}; typical step {fmt.dur(typical)}"
