@@ -1375,3 +1375,17 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
     assert (v.kind, v.severity) == ("outside-loop", "info"), v
     assert v.headline == "Outside the training loop for 25 s: evaluation"
     assert "the script marked it: probe.outside('evaluation')" in v.evidence[0]
+
+
+def test_a_loader_that_waits_gets_a_headroom_of_loaders_waiting_side_by_side() -> None:
+    """num_workers=0, each item a 2 ms sleep: the loading's CPU is near nothing, so a CPU
+    cost a sample promised "+3157 %" where two workers bought 2x (a review). Loaders
+    that wait each keep today's pace: two of them, twice the loading's."""
+    v = analyze(
+        window(make_steps(wait=0.09), h=hello(0), procs=processes(5.0), cpu=cores(2, busy=5))
+    )
+    assert v.cause == "few-workers", v
+    assert any("the loading waits" in e for e in v.evidence), v.evidence
+    # 320 samples/s with the main process loading 90 % of the time: 356/s a loader
+    assert v.headroom is not None and v.headroom.startswith("with the advice: at most ≈ 711"), v
+    assert "+122 %" in v.headroom and "2 loaders waiting side by side" in v.headroom

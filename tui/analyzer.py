@@ -177,6 +177,19 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     """What the advice can buy: the loading's measured CPU cost per sample times the cores
     the advice gives it, and never more than the step without any data wait."""
     plain = _headroom(stats, "the data wait", share)
+    loaders = cause.waiting_loaders_after
+    if plain is not None and loaders is not None and loaders > 1:
+        # One loader that waits delivers rate / share; n of them, n times that.
+        rate, unit = _rate(stats)
+        ceiling = rate / (1 - share)
+        bound = min(ceiling, loaders * rate / share)
+        if bound < ceiling:
+            return (
+                f"with the advice: at most ≈ {fmt.num(bound)} {unit}, {_gain(rate, bound)} "
+                f"({loaders} loaders waiting side by side, each at today's pace; without "
+                f"any data wait ≈ {fmt.num(ceiling)})"
+            )
+        return plain
     now, after = cause.loader_cores_now, cause.loader_cores_after
     if plain is None or now is None or after is None or now <= 0:
         return plain

@@ -68,6 +68,10 @@ class Cause:
     # headroom by the measured CPU cost per sample.
     loader_cores_now: float | None = None
     loader_cores_after: float | None = None
+    # Loading that waits rather than computes (a sleep, a remote store): the loaders that
+    # would wait side by side with the advice (today: one, the main process). Each keeps
+    # today's pace, so the headroom is that many times it, not a CPU cost.
+    waiting_loaders_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -489,7 +493,8 @@ def _cpu(ctx: Context) -> Cause | None:
             return _contention(ctx) or _cpu_workers(
                 ctx, 0.7, f"the main process loads every batch itself with {cores_text(h)}"
             )
-        if ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT:
+        waiting = ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT
+        if waiting:
             # Off-CPU and no reads (else _blocked_loader said disk): it waits on
             # something else, and more loaders wait in parallel just as well.
             # (Its CPU figure is host_evidence's "main process" line.)
@@ -500,6 +505,16 @@ def _cpu(ctx: Context) -> Cause | None:
                 "overlap the waits"
             )
         advice, after = _workers_advice(ctx, 0)
+        if waiting:  # its pace is a wait's, not a CPU cost: workers wait side by side
+            _, most = suggest_workers(0, h.free_cores, h.usable_cores)
+            return Cause(
+                "few-workers",
+                0.75,
+                summary,
+                _merge(lines, host_evidence(ctx)),
+                advice,
+                waiting_loaders_after=most,
+            )
         return Cause(
             "few-workers",
             0.9 if pinned else 0.75,
