@@ -1389,3 +1389,24 @@ def test_a_loader_that_waits_gets_a_headroom_of_loaders_waiting_side_by_side() -
     # 320 samples/s with the main process loading 90 % of the time: 356/s a loader
     assert v.headroom is not None and v.headroom.startswith("with the advice: at most ≈ 711"), v
     assert "+122 %" in v.headroom and "2 loaders waiting side by side" in v.headroom
+
+
+def test_a_cpu_hog_on_the_runs_cores_is_not_compute_bound_ok() -> None:
+    """Training on the CPU, a hog on its core: the step doubled and throughput halved,
+    shown "Compute-bound [ok]" (a review). The main process gets half a core while the
+    cores are full with the hog's work: a warning that names it."""
+    top = (
+        TopProcess(100, 1, "python", 48.0, 1 << 30),
+        TopProcess(300, 1, "hog.py", 52.0, 1 << 20),
+    )
+    busy = {"cpu": cores(2, busy=100), "procs": processes(48.0), "top": top}
+    v = analyze(window(make_steps(wait=0.001), h=hello(0), **busy))
+    assert (v.kind, v.severity, v.cause) == ("compute-bound", "warning", "cpu-contention"), v
+    assert "the main process gets 48 % of a core" in v.headline, v.headline
+    assert v.advice[0] == "stop, move or renice the other CPU consumers: hog.py (pid 300) 52 %"
+    # Alone on its core: ok, as before.
+    alone = analyze(window(make_steps(wait=0.001), h=hello(0), procs=processes(100.0)))
+    assert (alone.kind, alone.severity) == ("compute-bound", "ok"), alone
+    # On a GPU the host process may idle in a sync: not starved.
+    gpu_run = replace(hello(0), device=DeviceRef("cuda", 0))
+    assert analyze(window(make_steps(wait=0.001), h=gpu_run, **busy)).severity == "ok"

@@ -217,15 +217,21 @@ def _scope_text(h: HostStats) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def host_evidence(ctx: Context) -> list[str]:
-    """The host figures that bear on input-bound causes, as short lines."""
-    h = ctx.host
+def cpu_lines(h: HostStats) -> list[str]:
+    """The cores this process may use and its main process's CPU, as evidence lines."""
     lines: list[str] = []
     if h.free_cores is not None:
         pinned = f", {h.pinned_cores:.0f} pinned" if h.pinned_cores is not None else ""
         lines.append(f"CPU: {cores_text(h)}{pinned}{_scope_text(h)}")
     if h.main_cpu_pct is not None:
         lines.append(f"main process {fmt.pct_value(h.main_cpu_pct)} CPU (of one core)")
+    return lines
+
+
+def host_evidence(ctx: Context) -> list[str]:
+    """The host figures that bear on input-bound causes, as short lines."""
+    h = ctx.host
+    lines = cpu_lines(h)
     if h.worker_count:
         sat = (
             f", {h.saturated_workers} saturated (≥ 90 % of a core)"

@@ -143,3 +143,7 @@ PERSIST_UPDATES = 2  # ... over at least this many consecutive updates before it
 # something else (a checkpoint): host samples of its time are left out of the cause.
 LONG_STEP_FACTOR = 5.0
 LONG_STEP_MIN_S = 2.0
+# Compute on the host (no accelerator) with its main process under this share of a core
+# while the cores it may use are full: starved of CPU by others ...
+STARVED_MAIN_PCT = 60.0
+OTHER_NAMED_MIN_PCT = 10.0  # ... named when they take at least this much of a core
