@@ -1410,3 +1410,17 @@ def test_a_cpu_hog_on_the_runs_cores_is_not_compute_bound_ok() -> None:
     # On a GPU the host process may idle in a sync: not starved.
     gpu_run = replace(hello(0), device=DeviceRef("cuda", 0))
     assert analyze(window(make_steps(wait=0.001), h=gpu_run, **busy)).severity == "ok"
+
+
+def test_an_epoch_turn_is_not_a_new_stretch() -> None:
+    """A small dataset's epochs re-enter the loop every few seconds: each re-entry
+    emptied the host window and left the cause "unknown: only 1 host sample" (the demo's
+    input-bound run, 8 steps an epoch). Only a re-entry after a stall's length counts."""
+    from gputop_dl.tui.analyzer import _stretch_from
+
+    steps = make_steps(40, wait=INPUT)
+    turn = replace(hello(0), loop="in-loop", loop_since=steps[30].end_time + 0.01)
+    assert _stretch_from(Window(T0 + 5, steps, (), turn), steps) is None
+    back = replace(hello(0), loop="in-loop", loop_since=steps[30].end_time + 25.0)
+    later = [*steps[:31], *(replace(s, end_time=s.end_time + 25.0) for s in steps[31:])]
+    assert _stretch_from(Window(T0 + 30, later, (), back), later) == back.loop_since

@@ -54,8 +54,6 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_INFO_EXIT,
     INPUT_WARN_ENTER,
     INPUT_WARN_EXIT,
-    LONG_STEP_FACTOR,
-    LONG_STEP_MIN_S,
     LOW_GPU_UTIL_PCT,
     MIN_SLOW_STEPS,
     MIN_STEPS,
@@ -1019,19 +1017,27 @@ def _scope(hello: Hello | None) -> Scope:
 def _stretch_from(window: Window, steps: list[StepRecord]) -> float | None:
     """Since when the host samples describe the loop as it runs now: its first step, or
     later its re-entry (after an evaluation outside it), or the end of the newest step
-    that hung (LONG_STEP_FACTOR x typical): a sample of the evaluation or of the hang
+    that hung (as long as a stall: STALL_FACTOR x typical, STALL_MIN_S at least): a
+    sample of the evaluation or of the hang
     would name its cause for the steps after it (a review: "cause unknown, 1.5 cores
     idle" for 4 s after each evaluation, with the host 96 % busy)."""
     start = window.run_from
+    if len(steps) < MIN_STEPS:
+        return start
+    # as long as a stall (a step that long would have been one), not a worker's restart
+    long = max(STALL_MIN_S, STALL_FACTOR * typical_period(steps, len(steps)))
     hello = window.hello
     if hello is not None and hello.loop == "in-loop" and hello.loop_since is not None:
-        start = hello.loop_since if start is None else max(start, hello.loop_since)
-    if len(steps) >= MIN_STEPS:
-        long = max(LONG_STEP_MIN_S, LONG_STEP_FACTOR * typical_period(steps, len(steps)))
-        # any step of the window: a prefetched one may hang as well
-        hung = next((s for s in reversed(window.steps) if s.period_s > long), None)
-        if hung is not None:
-            start = hung.end_time if start is None else max(start, hung.end_time)
+        # Re-entered after a long time outside (an evaluation), not at a mere epoch's
+        # turn (a small dataset's epochs are seconds apart: each would empty the window).
+        entered = hello.loop_since
+        before = [s.end_time for s in window.steps if s.end_time <= entered]
+        if not before or entered - max(before) >= long:
+            start = entered if start is None else max(start, entered)
+    # any step of the window: a prefetched one may hang as well
+    hung = next((s for s in reversed(window.steps) if s.period_s > long), None)
+    if hung is not None:
+        start = hung.end_time if start is None else max(start, hung.end_time)
     return start
 
 

@@ -139,10 +139,6 @@ OUTSIDE_SHOW_S = 2.0  # left the loop this long ago: say so (shorter: an epoch b
 # --- tracker ------------------------------------------------------------------------------
 PERSIST_S = 2.0  # a new verdict must hold this long ...
 PERSIST_UPDATES = 2  # ... over at least this many consecutive updates before it is shown
-# A step this many times the typical one (and at least LONG_STEP_MIN_S) hung or ran
-# something else (a checkpoint): host samples of its time are left out of the cause.
-LONG_STEP_FACTOR = 5.0
-LONG_STEP_MIN_S = 2.0
 # Compute on the host (no accelerator) with its main process under this share of a core
 # while the cores it may use are full: starved of CPU by others ...
 STARVED_MAIN_PCT = 60.0
