@@ -190,6 +190,10 @@ class Outside:
         p = self._probe
         if p.enabled and self._previous != "outside":  # nested: the outer one goes on
             p._mark_loop("in-loop", None)
+            if p._last_mark is not None and p._open is None and p._segment is None:
+                # probe.step's next step starts here, not at the mark before: the time
+                # outside is in no step (nor in the run's rate, nor in its graph).
+                p._last_mark = time.perf_counter()
 
 
 _current: Probe | None = None

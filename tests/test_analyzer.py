@@ -1424,3 +1424,48 @@ def test_an_epoch_turn_is_not_a_new_stretch() -> None:
     back = replace(hello(0), loop="in-loop", loop_since=steps[30].end_time + 25.0)
     later = [*steps[:31], *(replace(s, end_time=s.end_time + 25.0) for s in steps[31:])]
     assert _stretch_from(Window(T0 + 30, later, (), back), later) == back.loop_since
+
+
+def test_contention_spread_over_many_processes_is_still_contention() -> None:
+    """Another job's 28 workers: the table lists the ten busiest, whose sum cannot reach
+    half the busy cores; a listed other at 50 % is enough to name contention."""
+    top = tuple(TopProcess(500 + i, 1, f"pt_data_worker{i}", 50.0, 1 << 28) for i in range(10))
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            cpu=cores(16, busy=100),
+            procs=processes(30.0, [40.0] * 4),
+            top=top,
+        )
+    )
+    assert v.cause == "cpu-contention", v
+    assert "pt_data_worker0 (pid 500) 50 %" in v.advice[0], v.advice
+
+
+def test_contention_within_a_narrowed_affinity_names_no_process_off_its_cores() -> None:
+    """Pinned to 4 of 32 cores on a shared node, another user's ffmpeg at 2000 % on the
+    other cores: the node's table cannot say it runs on these 4. Not "stop ffmpeg"."""
+    top = (TopProcess(900, 1, "ffmpeg", 2000.0, 1 << 30),)
+    h = replace(hello(4), cpu_affinity=(0, 1, 2, 3))
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            h=h,
+            cpu=cores(32, busy=100),
+            procs=processes(30.0, [40.0] * 4),
+            top=top,
+        )
+    )
+    assert v.cause == "cpu-contention", v
+    assert not any("ffmpeg" in a for a in v.advice), v.advice
+    assert v.advice[0].startswith("find what runs on the 4 cores it may use"), v.advice
+    assert "its CPU affinity allows 4 of 32" in v.advice[1], v.advice
+
+
+def test_a_stateful_dataloader_is_told_to_set_its_workers() -> None:
+    """torchdata's StatefulDataLoader has num_workers: not "make the batches in a
+    DataLoader instead of the torchdata.StatefulDataLoader"."""
+    loader = LoaderInfo("torchdata.StatefulDataLoader", num_workers=0, batch_size=32)
+    h = replace(hello(0), loader=loader)
+    v = analyze(window(make_steps(wait=INPUT), h=h, procs=processes(100.0), cpu=cores(8, busy=5)))
+    assert v.advice[0].startswith("set DataLoader(num_workers="), v.advice

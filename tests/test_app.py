@@ -886,3 +886,26 @@ async def test_a_gpu_whose_calls_fail_says_which_and_why() -> None:
         )
         (row,) = [r for r in text(app.accelerators).splitlines() if r.startswith("2 ")]
         assert "⚠ util: Unknown Error" in row, row
+
+
+@pytest.mark.parametrize("size", [NARROW, WIDE])
+async def test_a_hung_nvml_is_not_no_nvidia_gpu(size: tuple[int, int]) -> None:
+    """Eight GPUs behind a stuck driver call: "⚠ NVML: not answering", never the words
+    of a node without GPUs."""
+    events = live_run(NOW, gpu_count=0)
+    last = last_system(events)
+    assert isinstance(last.message, System)
+    sample = last.message.sample
+    hung = "NVML not answering: a driver call has not returned for 12 s"
+    statuses = tuple(
+        SourceStatus("nvml", False, hung) if s.source == "nvml" else s for s in sample.statuses
+    )
+    fresh = replace(sample, time=sample.time + 1.0, statuses=statuses)
+    app, source, _ = make_app()
+    async with app.run_test(size=size) as pilot:
+        await feed(
+            pilot, source, [*events, Received(System(SOURCE_ID, fresh), last.received + 1.0)]
+        )
+        shown = text(app.accelerators)
+        assert f"⚠ NVML: {hung}" in shown, shown
+        assert "no NVIDIA GPU" not in shown

@@ -528,3 +528,38 @@ def test_many_hosts_handshake_a_few_at_a_time(
     in_flight = [int(line) for line in log.read_text().split()]
     assert len(in_flight) >= 40
     assert max(in_flight) <= 10, in_flight  # sshd MaxStartups: drops past 10
+
+
+BLACKHOLE = """#!/bin/sh
+# An ssh to a host that drops packets: nothing, for a long time.
+echo start >> "$DIR.log"
+exec sleep 30
+"""
+
+
+def test_hosts_that_never_answer_do_not_hold_the_others_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten dead hosts took every handshake slot for the kernel's connect timeout
+    (~2 min): a slot is given back after HANDSHAKE_HOLD_S whatever ssh does."""
+    import gputop_dl.tui.remote as remote
+
+    monkeypatch.setattr(remote, "HANDSHAKE_HOLD_S", 0.5)
+    ssh = tmp_path / "ssh"
+    ssh.write_text(BLACKHOLE)
+    ssh.chmod(0o755)
+    flight = tmp_path / "flight"
+    monkeypatch.setenv("DIR", str(flight))
+    source = RemoteSource([Target(f"dead{i}") for i in range(14)], command=RELAY, ssh=str(ssh))
+    source.start(lambda events: None)
+    log = Path(f"{flight}.log")
+    try:
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if log.exists() and len(log.read_text().split()) == 14:
+                break
+            time.sleep(0.1)
+        assert log.exists() and len(log.read_text().split()) == 14  # all 14 tried
+    finally:
+        source.stop()
+    assert "ConnectTimeout=10" in remote.ssh_command(Target("h"), "x")

@@ -283,7 +283,8 @@ def test_a_stall_in_the_loaders_next_says_the_loop_waits_for_a_batch() -> None:
     "an evaluation inside a step clears by itself"."""
     loader = LoaderInfo("torch.DataLoader", 2, False, 32, 2, True, worker_pids=(4001, 4002))
     h = replace(hello(), loader=loader)
-    window = Window(T0 + 60, steps(), (), h, stack(LIB, LIB, WATCH, LOOP), None)
+    allowed = stuck.Ptrace(True, "")
+    window = Window(T0 + 60, steps(), (), h, stack(LIB, LIB, WATCH, LOOP), allowed)
     verdict = analyze(window)
     assert verdict.kind == "stalled"
     assert verdict.headline.startswith("Stalled: no batch for"), verdict.headline
@@ -291,7 +292,15 @@ def test_a_stall_in_the_loaders_next_says_the_loop_waits_for_a_batch() -> None:
     assert "your code: /home/u/train.py:96 in main(): for x, y in it:" in text, text
     assert "your code: /work/main/gputop_dl" not in text
     assert verdict.advice[0].startswith("the loop waits for its next batch")
-    assert verdict.advice[1] == "see where the workers are: py-spy dump --pid 4001 / 4002"
+    assert (
+        verdict.advice[1] == "see where the workers are: py-spy dump --pid N for each of 4001, 4002"
+    )
+    far = analyze(replace(window, ptrace=None, hello=replace(h, host="node7")))
+    assert far.advice[1].endswith("4001, 4002 on node7 (needs ptrace rights there)"), far.advice
+    barred = analyze(replace(window, ptrace=stuck.Ptrace(False, "ptrace_scope is 1")))
+    assert barred.advice[1] == (
+        "py-spy cannot attach to the workers (4001, 4002) from here: ptrace_scope is 1"
+    )
     # In the step body (no watch frame): the step's advice, as before.
     body = analyze(Window(T0 + 60, steps(), (), h, stack(LIB, USER), None))
     assert body.headline.startswith("Stalled: no step for")

@@ -464,6 +464,16 @@ def _outside(window: Window) -> Verdict | None:
     )
 
 
+def _workers_pyspy(workers: Sequence[int], host: str | None, access: Ptrace | None) -> str:
+    """Where the loader's workers are, one py-spy call each (it takes one pid), where
+    py-spy can attach (the same rules as for the main process: stuck.pyspy_advice)."""
+    pids = ", ".join(map(str, workers))
+    if access is not None and not access.allowed:
+        return f"py-spy cannot attach to the workers ({pids}) from here: {access.why}"
+    on = f" on {host} (needs ptrace rights there)" if access is None and host else ""
+    return f"see where the workers are: py-spy dump --pid N for each of {pids}{on}"
+
+
 def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     """No step for much longer than usual. The steps in the window tell when the last step
     ended and what is typical; a viewer that attached during the hang has no steps and
@@ -513,7 +523,7 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
             "the loop waits for its next batch: the loader hangs (a worker stuck in "
             "__getitem__, a read from a dead mount, a lock); a worker that died is "
             "reported by torch when its timeout= passes",
-            f"see where the workers are: py-spy dump --pid {' / '.join(map(str, workers))}"
+            _workers_pyspy(workers, host, window.ptrace)
             if workers
             else pyspy_advice(pid, host, window.ptrace),
         )
@@ -632,25 +642,32 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
         return None
     if h.main_cpu_pct is None or h.main_cpu_pct >= STARVED_MAIN_PCT:
         return None
-    if h.free_cores is None or h.free_cores >= HOST_CPU_FULL_FREE_CORES or not h.others:
+    if h.free_cores is None or h.free_cores >= HOST_CPU_FULL_FREE_CORES:
         return None
-    top = [(name, cpu) for name, cpu in h.others if cpu >= OTHER_NAMED_MIN_PCT][:3]
+    gets = f"the main process gets {fmt.pct_value(h.main_cpu_pct)} of a core"
+    narrowed = h.n_cores is not None and h.node_cores is not None and h.n_cores < h.node_cores
+    if narrowed:
+        # The table is the node's busiest: which of them run on these cores it does not
+        # say. The training's own share of the busy cores tells others are there.
+        busy = (h.n_cores or 0) - h.free_cores
+        if h.training_cpu_cores is None or h.training_cpu_cores >= 0.5 * busy:
+            return None
+        return (
+            f"{gets} while the {h.n_cores} cores it may use are full with other processes",
+            "find what runs on them (taskset -cp PID lists a process's cores): ps -eo "
+            "pid,psr,pcpu,comm --sort=-pcpu (psr: the core), then move or renice it",
+            f"or give the run cores of its own (its CPU affinity allows {h.n_cores} of "
+            f"{h.node_cores}: taskset -c, the cpuset)",
+        )
+    top = [(name, cpu) for name, cpu in h.others or () if cpu >= OTHER_NAMED_MIN_PCT][:3]
     if not top:
         return None
     named = ", ".join(f"{name} {fmt.pct_value(cpu)}" for name, cpu in top)
-    line = (
-        f"the main process gets {fmt.pct_value(h.main_cpu_pct)} of a core while "
-        f"{'the cores it may use' if h.n_cores != h.node_cores else 'the host cores'} are "
-        f"full: {named}"
+    return (
+        f"{gets} while the host cores are full: {named}",
+        f"stop, move or renice the other CPU consumers: {named}",
+        "or give the run dedicated cores (taskset, a CPU-pinned container)",
     )
-    find = f"stop, move or renice the other CPU consumers: {named}"
-    affinity = (
-        f"or give the run cores of its own (its CPU affinity allows {h.n_cores} of "
-        f"{h.node_cores}: taskset -c, the cpuset)"
-        if h.n_cores is not None and h.node_cores is not None and h.n_cores < h.node_cores
-        else "or give the run dedicated cores (taskset, a CPU-pinned container)"
-    )
-    return line, find, affinity
 
 
 def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:

@@ -38,6 +38,8 @@ SSH_OPTIONS = (
     "ServerAliveInterval=5",
     "-o",
     "ServerAliveCountMax=3",
+    "-o",
+    "ConnectTimeout=10",  # a host that drops packets fails in 10 s, not the kernel's ~2 min
 )
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # waits before reconnecting, then the last
 EMIT_EVERY_S = 0.1
@@ -48,6 +50,7 @@ STOP_GRACE_S = 2.0
 # dropping unauthenticated connections past 10, and a jump host sees every node's. The
 # rest wait their turn ("connecting"); a live session holds no slot.
 HANDSHAKES_AT_ONCE = 10
+HANDSHAKE_HOLD_S = 15.0  # a slot is given back after this long, whatever ssh is doing
 
 CONNECTING, LIVE = "connecting", "live"
 AUTH_FAILED, NOT_INSTALLED = "auth failed", "not installed"
@@ -169,12 +172,20 @@ class _Host:
         command = self.source.command
         if not self.source.handshake_slot():
             return False  # stopped while waiting for one
-        slot = [True]  # held until the stream starts or the attempt ends
+        slot = [True]  # held until the stream starts, the attempt ends or the hold ends
+        lock = threading.Lock()
 
         def release() -> None:
-            if slot:
-                slot.clear()
-                self.source.handshakes.release()
+            with lock:
+                if slot:
+                    slot.clear()
+                    self.source.handshakes.release()
+
+        # A host that never answers (or an sshd that never greets) holds no slot for
+        # long: past the connect timeout and a login's grace the others' turn comes.
+        timer = threading.Timer(HANDSHAKE_HOLD_S, release)
+        timer.daemon = True
+        timer.start()
 
         try:
             proc = subprocess.Popen(
@@ -213,6 +224,7 @@ class _Host:
         except (OSError, ValueError):
             pass  # the pipe closed under us (stop)
         finally:
+            timer.cancel()
             release()
         self._end(proc)
         err_thread.join(timeout=1.0)

@@ -37,9 +37,9 @@ from gputop_dl.tui.analysis.thresholds import (
     LOADER_BLOCKED_CPU_PCT,
     MIN_SYSTEMS,
     NET_RX_HIGH_BPS,
+    OTHER_NAMED_MIN_PCT,
     OTHERS_CPU_SHARE,
     OTHERS_CPU_SHARE_BAND,
-    OTHERS_NAMED_SHARE,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
@@ -440,7 +440,7 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
     lo, hi = suggest_workers(current, h.free_cores, h.usable_cores)
     knob = knobs.knob(ctx.framework, "num_workers", fmt.worker_range(lo, hi))
     loader = ctx.loader
-    if loader is not None and loader.kind != knobs.DATALOADER and loader.wrapper is None:
+    if loader is not None and loader.num_workers is None and not knobs.is_dataloader(loader):
         # A generator, a list: no num_workers to set. Batches made in parallel need a
         # DataLoader (an IterableDataset for a stream) around what makes them.
         advice = [
@@ -584,19 +584,27 @@ def _contention(ctx: Context) -> Cause | None:
         share -= OTHERS_CPU_SHARE_BAND
     if busy <= 0 or h.training_cpu_cores >= share * busy:
         return None
-    if h.others is not None:
-        # The process table must show the others: busy cores it cannot name belong to
-        # processes too short-lived to be sampled (workers started every epoch), not to
-        # "other processes" at 0 %.
-        named = sum(cpu for _, cpu in h.others) / 100.0
-        if named < OTHERS_NAMED_SHARE * (busy - h.training_cpu_cores):
-            return None
+    # The table is the node's busiest ten: it shows no process's cores, so where the
+    # affinity leaves part of the node out, others on it are not named as on these cores.
+    narrowed = _narrowed(h)
+    others = None if narrowed else h.others
+    if others is not None and not any(cpu >= OTHER_NAMED_MIN_PCT for _, cpu in others):
+        # Busy cores that no listed process takes belong to processes too short-lived
+        # to be sampled (workers started every epoch), not to "others at 0 %".
+        return None
     line = (
         f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
         "cores: other processes take the rest"
     )
-    if h.others:
-        top = ", ".join(f"{name} {fmt.pct_value(cpu)}" for name, cpu in h.others[:3])
+    if narrowed:
+        lines = [line, "the node's process table does not say which processes run on its cores"]
+        find = (
+            f"find what runs on the {h.n_cores} cores it may use (taskset -cp PID lists "
+            "them): ps -eo pid,psr,pcpu,comm --sort=-pcpu (psr: the core), then move or "
+            "renice it"
+        )
+    elif others:
+        top = ", ".join(f"{name} {fmt.pct_value(cpu)}" for name, cpu in others[:3])
         lines = [line, f"top other consumers: {top}"]
         find = f"stop, move or renice the other CPU consumers: {top}"
     else:

@@ -11,6 +11,13 @@ from gputop_dl.probe.messages import LoaderInfo
 
 DATALOADER = "torch.DataLoader"  # LoaderInfo.kind of a torch DataLoader
 
+
+def is_dataloader(loader: LoaderInfo) -> bool:
+    """A loader with workers to set: a torch DataLoader, a subclass (torchdata's
+    StatefulDataLoader), or one behind a wrapper (accelerate, Lightning)."""
+    return loader.wrapper is not None or loader.kind.endswith("DataLoader")
+
+
 # DataLoader argument -> TrainingArguments field
 _TRANSFORMERS = {
     "num_workers": "dataloader_num_workers",

@@ -70,8 +70,6 @@ FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a c
 #   idle is one (the advice must not say "no core idle" beside it)
 HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
 OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
-# ... and the process table names at least this share of the cores not the training's
-OTHERS_NAMED_SHARE = 0.5
 OTHERS_CPU_SHARE_BAND = 0.1  # hysteresis: once shown, contention holds up to 60 %; once
 #   cpu-workers is shown, contention needs the training under 40 % (a shared node swings)
 IOWAIT_HIGH_CORES = 0.5  # half a core's worth of time waiting on I/O

@@ -22,6 +22,26 @@ SOURCE_KINDS = {"nvml": "GPU", "hl-smi": "HPU"}
 COMPACT_PROBLEMS = 2  # a short screen's lines for devices with errors, then a count
 PROBLEM_SHOWN = 48  # columns of a device's problem in its row (all of it in the sample)
 SOURCE_NAMES = {"nvml": "NVML", "hl-smi": "hl-smi"}
+# A source's messages that say the node has none of its devices (or none it can read:
+# no library, no driver, no tool), as the collectors word them; any other message is a
+# failure to read devices that may be there ("NVML not answering", "hl-smi timed out").
+ABSENT_MESSAGES = (
+    "NVML library not found",
+    "NVIDIA driver not loaded",
+    "nvidia-ml-py not installed",
+    "no NVIDIA GPU",
+    "NVML library too old",
+    "no permission to use NVML",
+    "hl-smi not installed",
+    "no Gaudi",
+)
+# ... and the ones of a source still starting: neither absent nor failing
+STARTING_MESSAGES = (
+    "NVML not read yet",
+    "NVML not initialised yet",
+    "hl-smi not started",
+    "waiting for hl-smi",
+)
 STALE = "stale"  # hl-smi's rows when it stopped updating: "stale: no update for 12 s"
 # A per-field error's function, as the row names the field ("util: Unknown Error")
 FIELD_WORDS = (
@@ -214,10 +234,13 @@ class AcceleratorsPanel(Panel):
         return any(d.kind == kind for d in self.devices)
 
     def _status_line(self, status: SourceStatus) -> Text:
-        """A source's problem: "no Gaudi: hl-smi not installed" when it shows no device,
-        a warning naming it when its devices are on screen (their figures may be old)."""
+        """A source's problem: "no Gaudi: hl-smi not installed" when there is none to
+        read, a warning naming it when its devices are on screen (their figures may be
+        old) or when it failed to read them (a hung driver is not "no NVIDIA GPU")."""
         message = status.message or "not available"
-        if self._has(status.source):
+        if message.startswith(STARTING_MESSAGES):
+            return Text(f"{SOURCE_NAMES[status.source]}: {message}", self.style("panel--dim"))
+        if self._has(status.source) or not message.startswith(ABSENT_MESSAGES):
             return Text(f"⚠ {SOURCE_NAMES[status.source]}: {message}", self.style("panel--warning"))
         return Text(f"{MISSING_SOURCES[status.source]}: {message}", self.style("panel--dim"))
 
@@ -245,14 +268,15 @@ class AcceleratorsPanel(Panel):
         """A short screen: a few devices one line each, more as a grid of cells (util
         bar and %, memory %), the missing sources in one line only without devices."""
         if not self.devices:
-            missing = (
-                f"{MISSING_SOURCES[s.source]} ({s.message or 'not available'})"
-                for s in self.statuses
-            )
-            return [Text(" · ".join(missing), self.style("panel--dim"))]
-        # A source whose devices are shown says what is wrong with them even here (a
-        # stale hl-smi's figures look live otherwise); the absent ones do not take a line.
-        problems = [self._status_line(s) for s in self.statuses if self._has(s.source)]
+            return [Text(" · ").join(self._status_line(s) for s in self.statuses)]
+        # A source whose devices are shown, or that failed to read them, says what is
+        # wrong even here (a stale hl-smi's figures look live otherwise); absent ones
+        # do not take a line.
+        problems = [
+            self._status_line(s)
+            for s in self.statuses
+            if self._has(s.source) or not (s.message or "").startswith(ABSENT_MESSAGES)
+        ]
         if len(self.devices) <= COMPACT_ONE_A_LINE:
             rows = [self._row(d, width, not self._same_names()) for d in self.devices]
             return rows + problems
