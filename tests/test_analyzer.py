@@ -676,11 +676,15 @@ def test_few_workers_advice_is_bounded_by_idle_cores() -> None:
     assert v.advice[0] == "set DataLoader(num_workers=2\u20134) (now 0; 7 of 8 cores idle)"
     two_cores = analyze(window(make_steps(wait=INPUT), h=hello(0), cpu=cores(2, busy=40, pinned=1)))
     assert two_cores.advice[0].startswith("set DataLoader(num_workers=1) (now 0; ")
-    # No core idle: a worker would load where nothing is free (a review's "set
-    # num_workers=1 (0 of 2 cores idle)" bought nothing).
-    full = analyze(window(make_steps(wait=INPUT), h=hello(0), cpu=cores(2, busy=70, pinned=1)))
-    assert full.cause != "few-workers", full
+    # Pinned to one core, and it is busy: a worker would load where nothing is free
+    # (a review's "set num_workers=1 (0 of 1 core idle)" bought nothing).
+    one = replace(hello(0), cpu_affinity=(0,))
+    full = analyze(
+        window(make_steps(wait=INPUT), h=one, procs=processes(100.0), cpu=cores(2, busy=100))
+    )
+    assert full.cause == "cpu-workers", full
     assert not any("num_workers=" in a for a in full.advice), full.advice
+    assert full.advice[0].startswith("let it use more of the node's cores"), full.advice
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from gputop_dl.tui.analysis.thresholds import (
     LOADER_BLOCKED_CPU_PCT,
     MIN_SYSTEMS,
     NET_RX_HIGH_BPS,
+    NO_IDLE_CORE,
     OTHER_NAMED_MIN_PCT,
     OTHERS_CPU_SHARE,
     OTHERS_CPU_SHARE_BAND,
@@ -450,6 +451,9 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
         ]
     else:
         advice = [f"set {knob} ({_now(ctx)}; {cores_text(h)})"]
+    affinity = _affinity_advice(h)
+    if affinity is not None and (h.free_cores is None or h.free_cores < FREE_CORES_FOR_WORKERS):
+        advice.append(affinity)  # the idle cores are outside it: the workers need them
     if loader is not None and loader.persistent_workers is False:
         advice.append(
             f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: workers are not "
@@ -491,14 +495,20 @@ def _cpu(ctx: Context) -> Cause | None:
         if (
             ctx.enough_host
             and h.free_cores is not None
-            and h.free_cores < HOST_CPU_FULL_FREE_CORES
+            and h.free_cores < NO_IDLE_CORE
             and (cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT)
         ):
             # A worker would load on a core that is not there: none of the cores this
-            # process may use is idle. Others taking them, or the loading's own cost.
-            return _contention(ctx) or _cpu_workers(
-                ctx, 0.7, f"the main process loads every batch itself with {cores_text(h)}"
-            )
+            # process may use is idle, and others take them, or it may use one only. (A
+            # multi-threaded step that fills the cores between waits leaves them idle
+            # while the main process loads: a worker overlaps the two.)
+            contention = _contention(ctx)
+            if contention is not None:
+                return contention
+            if h.usable_cores is not None and h.usable_cores <= 1.0:
+                return _cpu_workers(
+                    ctx, 0.7, f"the main process loads every batch itself with {cores_text(h)}"
+                )
         waiting = ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT
         if waiting:
             # Off-CPU and no reads (else _blocked_loader said disk): it waits on

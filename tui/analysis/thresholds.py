@@ -69,6 +69,7 @@ PROCESS_SATURATED_PCT = 90.0  # a process this busy (of one core) is CPU-bound (
 FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a core 84 %
 #   idle is one (the advice must not say "no core idle" beside it)
 HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
+NO_IDLE_CORE = 0.25  # with num_workers=0: below this no core is left for a worker
 OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
 OTHERS_CPU_SHARE_BAND = 0.1  # hysteresis: once shown, contention holds up to 60 %; once
 #   cpu-workers is shown, contention needs the training under 40 % (a shared node swings)
