@@ -493,3 +493,30 @@ def test_a_training_whose_gpu_driver_hangs_still_exits(tmp_path: object) -> None
     assert out.stdout.startswith("trained"), out.stdout
     assert int(out.stdout.split()[1]) >= 1  # the sampler went on past the stuck call
     assert took < 15, took  # 1 s of steps, 1.5 s of wait, the exit: not held
+
+
+def test_without_the_library_no_thread_hand_over_a_sample() -> None:
+    """A node without NVIDIA's driver (this one): once the library is known missing,
+    samples are read in place (a failed dlopen returns at once), the NVML thread is not
+    woken for each."""
+    import threading
+
+    collector = NvmlCollector()
+    read_on: list[str] = []
+    real = collector.sample
+
+    def sample() -> tuple[tuple[object, ...], object]:
+        read_on.append(threading.current_thread().name)
+        return real()
+
+    collector.sample = sample  # type: ignore[method-assign,assignment]
+    worker = nvml_mod.NvmlWorker(collector)
+    try:
+        gpus, status = worker.sample()  # the first, through the thread
+        assert gpus == () and status.message == "NVML library not found"
+        assert collector.library_missing
+        for _ in range(3):
+            assert worker.sample()[1].message == "NVML library not found"
+    finally:
+        worker.close()
+    assert read_on == ["gputop-nvml"] + [threading.current_thread().name] * 3, read_on

@@ -222,6 +222,7 @@ class NvmlCollector:
         self._initialised = False
         self._next_init_at = 0.0  # monotonic time of the next allowed nvmlInit attempt
         self._init_status = SourceStatus(SOURCE, False, "NVML not initialised yet")
+        self._init_error: int | None = None  # NVML's code for the last failed nvmlInit
         self._devices: list[_Device] = []
         self._missing: set[str] = set()  # functions this driver lacks: never call again
         self._sample_no = 0
@@ -257,6 +258,12 @@ class NvmlCollector:
             self._lock.release()
         return True
 
+    @property
+    def library_missing(self) -> bool:
+        """No NVML library here (a node without NVIDIA's driver): its next init attempt
+        is a failed dlopen, which returns at once -- nothing that could hang."""
+        return pynvml is None or self._init_error == _ERR_LIBRARY_NOT_FOUND
+
     # -- init / shutdown --------------------------------------------------------------
 
     def _shutdown(self) -> None:
@@ -279,6 +286,7 @@ class NvmlCollector:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             code = int(getattr(exc, "value", -1))
+            self._init_error = code
             message = _INIT_MESSAGES.get(code, f"NVML init failed: {exc}")
             self._init_status = SourceStatus(SOURCE, False, message)
             return
@@ -286,6 +294,7 @@ class NvmlCollector:
             self._init_status = SourceStatus(SOURCE, False, f"NVML init failed: {exc}")
             return
         self._initialised = True
+        self._init_error = None
         try:
             count = int(pynvml.nvmlDeviceGetCount())
         except Exception as exc:
@@ -551,6 +560,10 @@ class NvmlWorker:
 
     def sample(self) -> tuple[tuple[GpuSample, ...], SourceStatus]:
         """The GPUs now, or as last read; never blocks longer than the wait."""
+        if self.collector.library_missing and self._busy_since is None:
+            # No library (a CPU-only node): read here, no hand-over to the thread and
+            # back each sample (two GIL switches the training thread would pay for).
+            return self.collector.sample()
         with self._lock:
             busy = self._busy_since
             if busy is None:
