@@ -1473,3 +1473,13 @@ def test_a_stateful_dataloader_is_told_to_set_its_workers() -> None:
     h = replace(hello(0), loader=loader)
     v = analyze(window(make_steps(wait=INPUT), h=h, procs=processes(100.0), cpu=cores(8, busy=5)))
     assert v.advice[0].startswith("set DataLoader(num_workers="), v.advice
+
+
+def test_persistent_workers_is_never_advised_alone_with_no_workers() -> None:
+    """torch refuses persistent_workers=True with num_workers=0 (ValueError): advised
+    alone, a user following it would crash the run."""
+    h = replace(hello(0), loader=replace(hello(0).loader, persistent_workers=False))
+    v = analyze(window(make_steps(wait=INPUT), h=h, procs=processes(100.0), cpu=cores(8, busy=5)))
+    assert v.advice[0].startswith("set DataLoader(num_workers=")
+    (line,) = [a for a in v.advice if "persistent_workers" in a]
+    assert line.startswith("with the workers, DataLoader(persistent_workers=True) too"), line

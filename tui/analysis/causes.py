@@ -455,10 +455,14 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
     if affinity is not None and (h.free_cores is None or h.free_cores < FREE_CORES_FOR_WORKERS):
         advice.append(affinity)  # the idle cores are outside it: the workers need them
     if loader is not None and loader.persistent_workers is False:
-        advice.append(
-            f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: workers are not "
-            "restarted every epoch"
-        )
+        persistent = knobs.knob(ctx.framework, "persistent_workers", "True")
+        if current == 0:
+            # Alone, with num_workers=0, torch refuses it (ValueError): a companion only.
+            advice.append(
+                f"with the workers, {persistent} too: they are then not restarted every epoch"
+            )
+        else:
+            advice.append(f"{persistent}: workers are not restarted every epoch")
     if loader is not None and loader.prefetch_factor is not None and loader.prefetch_factor < 4:
         advice.append(
             f"{knobs.knob(ctx.framework, 'prefetch_factor', '4')} (now "
