@@ -450,8 +450,7 @@ class Probe:
         if framework is not None and framework != self._framework:
             self._framework = framework
             self._hello_dirty.set()
-        self._loop, self._loop_since, self._loop_exit = "in-loop", now, None
-        self._loop_events.append(("in-loop", now, self._index_now(), None))
+        self._mark_loop("in-loop", None, now)
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -461,8 +460,7 @@ class Probe:
         self._passes = max(0, self._passes - 1)
         if self._segment is not None:  # break or an exception inside a C-timed pass
             self._end_segment(self._segment, close=False)
-        self._loop, self._loop_since, self._loop_exit = "outside", now, how
-        self._loop_events.append(("outside", now, self._index, how))
+        self._mark_loop("outside", how, now)
 
     def _index_now(self) -> int:
         """The open (or next) step's index, also while a segment times the loop."""
@@ -573,10 +571,10 @@ class Probe:
     def outside(self, what: str = "evaluation") -> Outside:
         return Outside(self, what)
 
-    def _mark_loop(self, state: str, how: str | None) -> None:
-        """Training thread: the script marked the loop left or resumed (no pass begins
-        or ends: a watched loop's timing is untouched). Never raises."""
-        now = time.time()
+    def _mark_loop(self, state: str, how: str | None, now: float | None = None) -> None:
+        """Training thread: the loop's state changed (a watched pass entered or left,
+        or the script's probe.outside), published as a Loop message. Never raises."""
+        now = time.time() if now is None else now
         self._loop, self._loop_since, self._loop_exit = state, now, how
         self._loop_events.append((state, now, self._index_now(), how))
 

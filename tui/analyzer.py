@@ -21,7 +21,15 @@ from dataclasses import dataclass, replace
 from gputop_dl.probe.messages import MARKED, Hello, LoaderInfo, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis import fmt, knobs
-from gputop_dl.tui.analysis.causes import Cause, cpu_lines, input_cause
+from gputop_dl.tui.analysis.causes import (
+    Cause,
+    affinity_advice,
+    cpu_lines,
+    find_on_cores,
+    input_cause,
+    narrowed,
+    workers_of,
+)
 from gputop_dl.tui.analysis.devices import DeviceState, device_states, own_device
 from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
 from gputop_dl.tui.analysis.steps import (
@@ -34,7 +42,14 @@ from gputop_dl.tui.analysis.steps import (
     typical_period,
     usable_steps,
 )
-from gputop_dl.tui.analysis.stuck import Ptrace, current, fetching, pyspy_advice, stack_evidence
+from gputop_dl.tui.analysis.stuck import (
+    Ptrace,
+    current,
+    fetching,
+    pyspy_advice,
+    stack_evidence,
+    workers_pyspy_advice,
+)
 from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
@@ -464,16 +479,6 @@ def _outside(window: Window) -> Verdict | None:
     )
 
 
-def _workers_pyspy(workers: Sequence[int], host: str | None, access: Ptrace | None) -> str:
-    """Where the loader's workers are, one py-spy call each (it takes one pid), where
-    py-spy can attach (the same rules as for the main process: stuck.pyspy_advice)."""
-    pids = ", ".join(map(str, workers))
-    if access is not None and not access.allowed:
-        return f"py-spy cannot attach to the workers ({pids}) from here: {access.why}"
-    on = f" on {host} (needs ptrace rights there)" if access is None and host else ""
-    return f"see where the workers are: py-spy dump --pid N for each of {pids}{on}"
-
-
 def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     """No step for much longer than usual. The steps in the window tell when the last step
     ended and what is typical; a viewer that attached during the hang has no steps and
@@ -523,7 +528,7 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
             "the loop waits for its next batch: the loader hangs (a worker stuck in "
             "__getitem__, a read from a dead mount, a lock); a worker that died is "
             "reported by torch when its timeout= passes",
-            _workers_pyspy(workers, host, window.ptrace)
+            workers_pyspy_advice(workers, host, window.ptrace)
             if workers
             else pyspy_advice(pid, host, window.ptrace),
         )
@@ -615,20 +620,16 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
         round(confidence, 2),
         f"{label} ({what} {fmt.pct(share)} of step): {cause.summary}",
         cause=cause.name,
-        evidence=(*_wait_lines(stats, _workers(ctx)), _throughput_line(stats), *cause.evidence),
+        evidence=(
+            *_wait_lines(stats, workers_of(ctx.loader, ctx.host)),
+            _throughput_line(stats),
+            *cause.evidence,
+        ),
         advice=cause.advice,
         headroom=_input_headroom(stats, cause, share),
         conditions=(f"input-bound/{cause.name}",),
     )
     return _Candidate(verdict, 0 if severity == "warning" else 4, share)
-
-
-def _workers(ctx: _Ctx) -> int | None:
-    """num_workers as configured, else the worker processes seen."""
-    loader = ctx.loader
-    if loader is not None and loader.num_workers is not None:
-        return loader.num_workers
-    return ctx.host.worker_count
 
 
 def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
@@ -645,8 +646,8 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
     if h.free_cores is None or h.free_cores >= HOST_CPU_FULL_FREE_CORES:
         return None
     gets = f"the main process gets {fmt.pct_value(h.main_cpu_pct)} of a core"
-    narrowed = h.n_cores is not None and h.node_cores is not None and h.n_cores < h.node_cores
-    if narrowed:
+    affinity = affinity_advice(h)
+    if narrowed(h) and affinity is not None:
         # The table is the node's busiest: which of them run on these cores it does not
         # say. The training's own share of the busy cores tells others are there.
         busy = (h.n_cores or 0) - h.free_cores
@@ -654,10 +655,8 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
             return None
         return (
             f"{gets} while the {h.n_cores} cores it may use are full with other processes",
-            "find what runs on them (taskset -cp PID lists a process's cores): ps -eo "
-            "pid,psr,pcpu,comm --sort=-pcpu (psr: the core), then move or renice it",
-            f"or give the run cores of its own (its CPU affinity allows {h.n_cores} of "
-            f"{h.node_cores}: taskset -c, the cpuset)",
+            find_on_cores(h),
+            affinity,
         )
     top = [(name, cpu) for name, cpu in h.others or () if cpu >= OTHER_NAMED_MIN_PCT][:3]
     if not top:
@@ -673,7 +672,7 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
 def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
     stats = ctx.stats
     timed = _has_device_timing(stats)
-    evidence = [*_wait_lines(stats, _workers(ctx)), _throughput_line(stats)]
+    evidence = [*_wait_lines(stats, workers_of(ctx.loader, ctx.host)), _throughput_line(stats)]
     if stats.device_busy_share is not None:
         evidence.append(f"device busy {fmt.pct(stats.device_busy_share)} of step time")
     elif ctx.window.hello is None or ctx.window.hello.timing == "host":
@@ -1035,9 +1034,9 @@ def _stretch_from(window: Window, steps: list[StepRecord]) -> float | None:
     """Since when the host samples describe the loop as it runs now: its first step, or
     later its re-entry (after an evaluation outside it), or the end of the newest step
     that hung (as long as a stall: STALL_FACTOR x typical, STALL_MIN_S at least): a
-    sample of the evaluation or of the hang
-    would name its cause for the steps after it (a review: "cause unknown, 1.5 cores
-    idle" for 4 s after each evaluation, with the host 96 % busy)."""
+    sample of the evaluation or of the hang would name its cause for the steps after it
+    (a review: "cause unknown, 1.5 cores idle" for 4 s after each evaluation, with the
+    host 96 % busy)."""
     start = window.run_from
     if len(steps) < MIN_STEPS:
         return start

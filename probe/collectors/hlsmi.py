@@ -247,7 +247,7 @@ class LoopSplitter:
         done = None
         if sample.index in self._rows:
             done = self._whole()
-            self._rows, self._given = {}, False
+            self._rows = {}
         self._rows[sample.index] = sample
         self._given = False
         return done

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
-from gputop_dl.probe.samples import TOP_EVERY, GpuSample, SourceStatus, SystemSample
+from gputop_dl.probe.samples import TOP_EVERY, SourceStatus, SystemSample
 
 # A walk reads every process's /proc/<pid>/stat: ~15 us of CPU a process, 1 ms on a
 # container of 60 processes but 15-25 ms on a node of 1,000 (bench/sampler_cost.py),
@@ -200,7 +200,7 @@ class NodeSampler:
             fields["top"], fields["top_time"] = self._top_last, self._top_time
         if self._nvml is not None:
             gpus, status = self._nvml.sample()
-            fields["gpus"] = self._own(gpus)
+            fields["gpus"] = gpus  # a rank's own GPU only: the collector reads no other
             statuses.append(status)
         if self._hlsmi is not None:
             hpus, status = self._hlsmi.latest()
@@ -214,12 +214,6 @@ class NodeSampler:
             statuses=tuple(statuses),
             **fields,
         )
-
-    def _own(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
-        """A rank that is not the host sampler reports only its own device."""
-        if self._host or self._own_gpu is None:
-            return gpus
-        return tuple(g for g in gpus if self._own_gpu in (g.index, g.uuid))
 
     def close(self) -> None:
         self._stop.set()

@@ -95,10 +95,7 @@ class Context:
 
     @property
     def workers(self) -> int | None:
-        """Configured num_workers, else the worker processes seen."""
-        if self.configured is not None:
-            return self.configured
-        return self.host.worker_count
+        return workers_of(self.loader, self.host)
 
     @property
     def loader_cores(self) -> float | None:
@@ -171,6 +168,23 @@ class Context:
             or (h.iowait_cores is not None and h.iowait_cores >= IOWAIT_SOME_CORES)
             or (h.disk_read_bps is not None and h.disk_read_bps >= DISK_READ_ACTIVE_BPS)
         )
+
+
+def workers_of(loader: LoaderInfo | None, host: HostStats) -> int | None:
+    """num_workers as the probe read it from the loader, else the worker processes seen."""
+    if loader is not None and loader.num_workers is not None:
+        return loader.num_workers
+    return host.worker_count
+
+
+def find_on_cores(h: HostStats) -> str:
+    """Advice where the node-wide process table cannot say what runs on the cores this
+    run may use (its affinity leaves part of the node out)."""
+    return (
+        f"find what runs on the {h.n_cores} cores it may use (taskset -cp PID lists a "
+        "process's cores): ps -eo pid,psr,pcpu,comm --sort=-pcpu (psr: the core), then "
+        "move or renice it"
+    )
 
 
 def suggest_workers(
@@ -435,8 +449,9 @@ def _blocked_loader(ctx: Context) -> Cause | None:
     )
 
 
-def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float | None]:
-    """The advice, and the CPU cores the loading would then have (for the headroom)."""
+def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float | None, int]:
+    """The advice, the CPU cores the loading would then have (for the headroom), and the
+    most workers it advises."""
     h = ctx.host
     lo, hi = suggest_workers(current, h.free_cores, h.usable_cores)
     knob = knobs.knob(ctx.framework, "num_workers", fmt.worker_range(lo, hi))
@@ -451,7 +466,7 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
         ]
     else:
         advice = [f"set {knob} ({_now(ctx)}; {cores_text(h)})"]
-    affinity = _affinity_advice(h)
+    affinity = affinity_advice(h)
     if affinity is not None and (h.free_cores is None or h.free_cores < FREE_CORES_FOR_WORKERS):
         advice.append(affinity)  # the idle cores are outside it: the workers need them
     if loader is not None and loader.persistent_workers is False:
@@ -473,7 +488,7 @@ def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float 
     after: float | None = None
     if h.free_cores is not None and ctx.loader_cores is not None:
         after = min(float(hi), ctx.loader_cores + h.free_cores)
-    return tuple(advice), after
+    return tuple(advice), after, hi
 
 
 def _cpu(ctx: Context) -> Cause | None:
@@ -524,9 +539,8 @@ def _cpu(ctx: Context) -> Cause | None:
                 "loading waits (a remote store, a lock, a sleep) rather than computes; workers "
                 "overlap the waits"
             )
-        advice, after = _workers_advice(ctx, 0)
+        advice, after, most = _workers_advice(ctx, 0)
         if waiting:  # its pace is a wait's, not a CPU cost: workers wait side by side
-            _, most = suggest_workers(0, h.free_cores, h.usable_cores)
             return Cause(
                 "few-workers",
                 0.75,
@@ -548,7 +562,7 @@ def _cpu(ctx: Context) -> Cause | None:
         return _single_threaded(ctx)
     if ctx.loader_cpu_bound:
         if h.free_cores is not None and h.free_cores >= FREE_CORES_FOR_WORKERS:
-            advice, after = _workers_advice(ctx, workers)
+            advice, after, _ = _workers_advice(ctx, workers)
             return Cause(
                 "few-workers",
                 0.85,
@@ -567,17 +581,18 @@ def _cpu(ctx: Context) -> Cause | None:
 def _cores_full(h: HostStats) -> str:
     """What is full: the host's cores, or the ones this run may use when its CPU affinity
     leaves some of the node out."""
-    if _narrowed(h):
+    if narrowed(h):
         return f"the {h.n_cores} cores this run may use (its CPU affinity)"
     return "the host's CPU cores"
 
 
-def _narrowed(h: HostStats) -> bool:
+def narrowed(h: HostStats) -> bool:
+    """The run's CPU affinity leaves part of the node out."""
     return h.n_cores is not None and h.node_cores is not None and h.n_cores < h.node_cores
 
 
-def _affinity_advice(h: HostStats) -> str | None:
-    if not _narrowed(h):
+def affinity_advice(h: HostStats) -> str | None:
+    if not narrowed(h):
         return None
     return (
         f"let it use more of the node's cores: its CPU affinity allows {h.n_cores} of "
@@ -600,8 +615,8 @@ def _contention(ctx: Context) -> Cause | None:
         return None
     # The table is the node's busiest ten: it shows no process's cores, so where the
     # affinity leaves part of the node out, others on it are not named as on these cores.
-    narrowed = _narrowed(h)
-    others = None if narrowed else h.others
+    narrow = narrowed(h)
+    others = None if narrow else h.others
     if others is not None and not any(cpu >= OTHER_NAMED_MIN_PCT for _, cpu in others):
         # Busy cores that no listed process takes belong to processes too short-lived
         # to be sampled (workers started every epoch), not to "others at 0 %".
@@ -610,13 +625,9 @@ def _contention(ctx: Context) -> Cause | None:
         f"the training processes use {h.training_cpu_cores:.1f} of the {busy:.1f} busy "
         "cores: other processes take the rest"
     )
-    if narrowed:
+    if narrow:
         lines = [line, "the node's process table does not say which processes run on its cores"]
-        find = (
-            f"find what runs on the {h.n_cores} cores it may use (taskset -cp PID lists "
-            "them): ps -eo pid,psr,pcpu,comm --sort=-pcpu (psr: the core), then move or "
-            "renice it"
-        )
+        find = find_on_cores(h)
     elif others:
         top = ", ".join(f"{name} {fmt.pct_value(cpu)}" for name, cpu in others[:3])
         lines = [line, f"top other consumers: {top}"]
@@ -629,7 +640,7 @@ def _contention(ctx: Context) -> Cause | None:
         )
         lines = [line, missing]
         find = "find the other CPU consumers (top -o %CPU) and stop, move or renice them"
-    affinity = _affinity_advice(h)
+    affinity = affinity_advice(h)
     return Cause(
         "cpu-contention",
         0.7,
@@ -647,7 +658,7 @@ def _cpu_workers(ctx: Context, confidence: float, summary: str) -> Cause:
             f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: its workers are "
             "started again every epoch, and each start costs CPU"
         )
-    affinity = _affinity_advice(ctx.host)
+    affinity = affinity_advice(ctx.host)
     if affinity is not None:
         advice.append(affinity)
     advice += [

@@ -4,6 +4,7 @@ advice only where py-spy could attach (pure: the ptrace facts are gathered elsew
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import Frame, Stack
@@ -77,3 +78,13 @@ def pyspy_advice(pid: int | None, host: str | None, access: Ptrace | None) -> st
     if access.allowed:
         return f"native frames too (C extensions, NCCL, CUDA): {command}"
     return f"py-spy cannot attach from here: {access.why}"
+
+
+def workers_pyspy_advice(workers: Sequence[int], host: str | None, access: Ptrace | None) -> str:
+    """Where the loader's workers are, one py-spy call each (it takes one pid), where
+    py-spy can attach (the same rules as for the main process: pyspy_advice)."""
+    pids = ", ".join(map(str, workers))
+    if access is not None and not access.allowed:
+        return f"py-spy cannot attach to the workers ({pids}) from here: {access.why}"
+    on = f" on {host} (needs ptrace rights there)" if access is None and host else ""
+    return f"see where the workers are: py-spy dump --pid N for each of {pids}{on}"

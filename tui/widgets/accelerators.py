@@ -89,6 +89,11 @@ class Device:
     pcie_tx_bps: float | None = None
     throttle: tuple[str, ...] = ()
 
+    @property
+    def stale(self) -> bool:
+        """Its figures are the last ones its source gave, seconds old."""
+        return self.problem is not None and self.problem.startswith(STALE)
+
 
 def field_errors(error: str | None) -> str | None:
     """A sample's error as a row says it: NVML's "nvmlDeviceGetUtilizationRates: Unknown
@@ -281,9 +286,7 @@ class AcceleratorsPanel(Panel):
             rows = [self._row(d, width, not self._same_names()) for d in self.devices]
             return rows + problems
         # A cell has room for a ⚠ only: which device and what, below (a few of them).
-        failing = [
-            d for d in self.devices if d.problem is not None and not d.problem.startswith(STALE)
-        ]
+        failing = [d for d in self.devices if d.problem is not None and not d.stale]
         for device in failing[:COMPACT_PROBLEMS]:
             problems.append(
                 Text(
@@ -317,7 +320,7 @@ class AcceleratorsPanel(Panel):
             cell = Text(index, self.style("panel--label"))
             cell.append("lost", self.style("gpu--lost"))
             return cell
-        if device.problem is not None and device.problem.startswith(STALE):
+        if device.stale:
             cell = Text(index, self.style("panel--label"))
             cell.append(STALE, self.style("panel--warning"))
             return cell
@@ -343,10 +346,10 @@ class AcceleratorsPanel(Panel):
             lost = Text(index, label)  # the label style spans the padding of a shared row
             lost.append(f"lost: {device.lost}", self.style("gpu--lost"))
             return lost
-        if device.problem is not None and device.problem.startswith(STALE):
+        if device.stale:
             # Its figures are the last ones hl-smi gave, seconds old: not shown as live.
             stale = Text(index, label)
-            stale.append(device.problem, self.style("panel--warning"))
+            stale.append(device.problem or STALE, self.style("panel--warning"))
             return stale
         name = f"{_short_name(device.name)} " if show_name else ""
         util_pct = f"{fmt_pct(device.util_pct, compact=True):>4}"
