@@ -3,9 +3,10 @@
 A ``Watched`` object is what the user (or a framework) iterates instead of the loader.
 It must be invisible to the training: each ``iter()`` is a new pass (an epoch), ``len()``
 and every attribute are the loader's, errors from the loader keep their own type and
-traceback, and it pickles as the loader plus options. Only the loop itself is timed, by a
-generator: its first steps in Python (they settle the timing method and the counts), the
-rest of the pass by a chain of C iterators (probe/stamps.py) while no other loop is open.
+traceback, and it pickles as the loader plus options. Only the loop itself is timed: its
+first steps in Python (they settle the timing method and the counts), the rest of the pass
+by a chain of C iterators (probe/stamps.py) while no other loop is open, which hands its
+batches to the training directly when their counts are known in advance.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Callable, Generator, Iterable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gputop_dl.probe import loader
 from gputop_dl.probe.core import as_count
@@ -41,6 +43,20 @@ CALLBACKS = (
     "gputop_dl.probe.integrations.lightning.GputopCallback (Lightning) or "
     "gputop_dl.probe.integrations.transformers.GputopCallback (HF Trainer)"
 )
+
+
+class _Pass(chain[T]):
+    """A pass as the training iterates it: ``chain``'s own C ``next`` a step (a subclass
+    that defines no ``__next__`` keeps it), and the ``close()`` a generator has, which
+    code that stops a loader's iterator early calls (torchdata's resume, ``closing()``).
+    """
+
+    __slots__ = ("stretches",)
+    stretches: Generator[Iterable[T], None, None]
+
+    def close(self) -> None:
+        """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
+        self.stretches.close()
 
 
 class Watched(Generic[T]):
@@ -102,14 +118,30 @@ class Watched(Generic[T]):
     # ------------------------------------------------------------------ the loop
     def __iter__(self) -> Iterator[T]:
         probe = self._probe
-        iterable = self._iterable
         if not probe.enabled or _forked():
-            yield from iterable
-            return
+            return iter(self._iterable)
+        # The pass is a chain of stretches (see _stretches): the batches of a C-timed one
+        # reach the training with no Python frame between (a generator that passed them
+        # on with `yield from` cost the training thread 0.15-0.24 us a step more at
+        # ~100 us steps: bench/probe_overhead.py, docs/measurements.md).
+        stretches = self._stretches()
+        timed = cast("_Pass[T]", _Pass.from_iterable(stretches))  # typeshed: a chain
+        timed.stretches = stretches
+        return timed
+
+    def _stretches(self) -> Generator[Iterable[T], None, None]:
+        """One pass, as stretches of batches for ``chain``: each Python-timed step (a
+        pass's first, or every one while CUDA events time the device) a stretch of one
+        batch, then C-timed segments (probe/stamps.py) while this loop is alone. The
+        chain asks for the next stretch when the training asks for the batch after a
+        stretch's last: a one-batch stretch's step ends where this frame resumes."""
+        probe = self._probe
         how = "exhausted"
+        segment: Segment | None = None  # the C-timed segment under way
+        raised: list[str] = []  # how a counting stretch saw the loader raise
         # A loader that cannot start raises here, before the pass is entered: a pass
         # left without being entered ended the count of a loop running around this one.
-        iterator = iter(iterable)
+        iterator = iter(self._iterable)
         try:
             info = self._pass_info(iterator)
             probe._loop_entered(info, self._framework)
@@ -126,9 +158,9 @@ class Watched(Generic[T]):
             plan = self._plan()
             full = last = 0
             known = -1
-            # The probe's own counter (loader.counting) never raises, so the C-timed loop
-            # below calls it bare; a user's samples= function stays in this loop, where
-            # its errors are caught.
+            # The probe's own counter (loader.counting) never raises, so the C-timed
+            # stretches call it bare; a user's samples= function stays in this loop,
+            # where its errors are caught.
             own_counter = self._samples is None
             position = 0
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
@@ -160,7 +192,7 @@ class Watched(Generic[T]):
                     if pids_late:  # generator loaders start their workers on the first next()
                         pids_late = False
                         _late_pids(probe, info, iterator)
-                    yield batch
+                    yield (batch,)
                     t_next = perf()
                     opened = probe._open
                     if opened is not None:  # else a nested watched loop closed it
@@ -189,46 +221,65 @@ class Watched(Generic[T]):
                     segment = Segment(probe._index, position, settled_plan)
                     probe._begin_segment(segment)
                     if segment.counts is None:  # counts from the plan: the chain is all
-                        yield from segment.timed(iterator)
+                        yield segment.timed(iterator)
                     else:
-                        # Each batch counted here, in this frame, the way its loader's
-                        # batches took so far (a tuple or list of arrays, or an array):
-                        # no call a step (~500 instructions); any other batch, or one
-                        # whose count raises, by the probe's counter, which never raises
-                        # (bench/probe_instructions.py).
-                        # (The counter's own fast way, loader.counting, is the same
-                        # lines; it stays for the Python-timed steps.)
-                        add_count = segment.counts.append
-                        uncounted = UNCOUNTED  # a local: read twice a step
-                        item: Any
-                        outer, in_first, inner, by_len = loader.quick_way(self._learned)
-                        for item in segment.timed(iterator):
-                            n = uncounted
-                            try:
-                                if type(item) is outer:
-                                    array: Any = item[0] if in_first else item
-                                    if type(array) is inner:
-                                        if by_len:
-                                            n = len(array)
-                                        else:
-                                            shape = array.shape
-                                            n = int(shape[0]) if len(shape) else None
-                            except Exception:
-                                pass  # 0-d, a shape None or that raises: the counter says
-                            add_count(count(item) if n is uncounted else n)
-                            yield item
-                        item = None  # the frame lives as long as the pass
+                        yield self._counted(segment, iterator, raised)
                     position += len(segment.stamps) // 2  # the batches it passed on
-                    if probe._end_segment(segment):
+                    ended, segment = segment, None
+                    if probe._end_segment(ended):
                         return  # exhausted (odd readings: the last found the loader empty)
         except GeneratorExit:
-            how = "break"
+            # The chain was let go of: the loop left by `break`, or by an exception the
+            # loader raised in a C-timed stretch, which went to the training past this
+            # frame: a counting stretch saw its type; a plan's chain only left the fetch
+            # begun (an odd count of readings), so its type is unknown.
+            if raised:
+                how = raised[0]
+            elif segment is not None and segment.steps is None and len(segment.stamps) % 2:
+                how = "exception"
+            else:
+                how = "break"
             raise
         except BaseException as exc:
             how = f"exception:{type(exc).__name__}"
             raise  # bare raise: the loader's own exception and traceback, not chained
         finally:
             probe._loop_left(how)
+
+    def _counted(self, segment: Segment, iterator: Iterator[T], raised: list[str]) -> Iterator[T]:
+        """A C-timed segment's batches, each counted here, in this frame, the way its
+        loader's batches took so far (a tuple or list of arrays, or an array): no call a
+        step (~500 instructions); any other batch, or one whose count raises, by the
+        probe's counter, which never raises (bench/probe_instructions.py). (The counter's
+        own fast way, loader.counting, is the same lines; it stays for the Python-timed
+        steps.) An exception of the loader's is noted in ``raised`` as it passes."""
+        assert segment.counts is not None
+        add_count = segment.counts.append
+        count = self._count
+        uncounted = UNCOUNTED  # a local: read twice a step
+        item: Any
+        outer, in_first, inner, by_len = loader.quick_way(self._learned)
+        try:
+            for item in segment.timed(iterator):
+                n = uncounted
+                try:
+                    if type(item) is outer:
+                        array: Any = item[0] if in_first else item
+                        if type(array) is inner:
+                            if by_len:
+                                n = len(array)
+                            else:
+                                shape = array.shape
+                                n = int(shape[0]) if len(shape) else None
+                except Exception:
+                    pass  # 0-d, a shape None or that raises: the counter says
+                add_count(count(item) if n is uncounted else n)
+                yield item
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            raised.append(f"exception:{type(exc).__name__}")
+            raise
 
     def _plan(self) -> tuple[int, int, int] | None:
         """The pass's counts known before it starts (see loader.batch_plan): a fixed

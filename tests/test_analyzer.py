@@ -1381,6 +1381,27 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
     assert "the script marked it: probe.outside('evaluation')" in v.evidence[0]
 
 
+@pytest.mark.parametrize(
+    ("how", "headline", "left_by"),
+    [
+        ("exception:OSError", "25 s: it ended with OSError", "(exception:OSError)"),
+        ("exception", "25 s: it ended with an exception from the loader", "(the loader raised"),
+        ("break", "25 s (evaluation or checkpoint?)", "(the loop broke off)"),
+        ("exhausted", "25 s (evaluation or checkpoint?)", "(the loader ran out)"),
+    ],
+)
+def test_how_the_loop_was_left_is_said(how: str, headline: str, left_by: str) -> None:
+    """A loader's exception whose type the probe did not see (a plan's C-timed steps) is
+    an exception, not an evaluation."""
+    steps = make_steps(40)
+    now = steps[-1].end_time + 25.0
+    left = replace(hello(), loop="outside", loop_since=steps[-1].end_time, loop_exit=how)
+    v = analyze(window(steps, h=left, now=now))
+    assert (v.kind, v.severity) == ("outside-loop", "info"), v
+    assert v.headline == f"Outside the training loop for {headline}", v.headline
+    assert left_by in v.evidence[0], v.evidence
+
+
 def test_a_loader_that_waits_gets_a_headroom_of_loaders_waiting_side_by_side() -> None:
     """num_workers=0, each item a 2 ms sleep: the loading's CPU is near nothing, so a CPU
     cost a sample promised "+3157 %" where two workers bought 2x (a review). Loaders

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -166,21 +167,21 @@ def test_a_break_drops_the_open_step_and_the_next_pass_goes_on_counting(p: probe
     assert [r["index"] for r in rows] == list(range(150))
 
 
-def test_a_loader_exception_in_the_fast_path_keeps_its_type_and_the_steps_before(
-    p: probe.Probe,
-) -> None:
-    def failing() -> Iterator[np.ndarray]:
+class FailingLoader:
+    """40 batches, then a KeyError, each pass."""
+
+    def __iter__(self) -> Iterator[np.ndarray]:
         yield from batches(40)
         raise KeyError("shard 7 missing")
 
-    class Loader:
-        def __iter__(self) -> Iterator[np.ndarray]:
-            return failing()
 
+def test_a_loader_exception_in_the_fast_path_keeps_its_type_and_the_steps_before(
+    p: probe.Probe,
+) -> None:
     reader = attached(p)
     seen = 0
     with pytest.raises(KeyError, match="shard 7") as info:
-        for _ in p.watch(Loader()):
+        for _ in p.watch(FailingLoader()):
             seen += 1
     assert seen == 40
     assert info.value.__context__ is None
@@ -188,6 +189,54 @@ def test_a_loader_exception_in_the_fast_path_keeps_its_type_and_the_steps_before
     assert [r["index"] for r in rows] == list(range(40))
     loops = reader.of_kind("loop")
     assert loops[-1]["how"] == "exception:KeyError"
+
+
+def test_a_loader_exception_in_a_plans_chain_is_an_exception_not_a_break(
+    p: probe.Probe,
+) -> None:
+    """Counts from the plan: the batches pass from the C chain to the training with no
+    frame of the probe's between, so the loader's exception passes it by. The fetch it
+    left begun (an odd count of readings) tells it from a break; its type is unseen."""
+
+    # A break at the same place is a break.
+    for i, _ in enumerate(p.watch(FailingLoader(), samples=4)):
+        if i == 38:
+            break
+    assert (p._loop, p._loop_exit, p._segment) == ("outside", "break", None)
+    reader = attached(p)
+    seen = 0
+    with pytest.raises(KeyError, match="shard 7") as info:
+        for _ in p.watch(FailingLoader(), samples=4):
+            seen += 1
+    assert seen == 40
+    assert info.value.__context__ is None and info.value.__cause__ is None
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "__iter__"
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(38 + 40))
+    assert {r["samples"] for r in rows} == {4}
+    assert reader.of_kind("loop")[-1]["how"] == "exception"
+
+
+@pytest.mark.parametrize("samples", [4, None], ids=["plan", "counted"])
+@pytest.mark.parametrize("taken", [1, 30], ids=["python-timed", "c-timed"])
+def test_closing_the_iterator_leaves_the_pass_as_a_break(
+    p: probe.Probe, samples: int | None, taken: int
+) -> None:
+    """A pass's iterator closed early (torchdata's resume, contextlib.closing): the loop
+    is left as by a break, the iterator ends, the next pass starts clean."""
+    reader = attached(p)
+    watched = p.watch(batches(60), samples=samples)
+    it = iter(watched)
+    for _ in range(taken):
+        next(it)
+    assert p._loop == "in-loop"
+    it.close()  # type: ignore[attr-defined]
+    assert (p._loop, p._loop_exit, p._segment, p._passes) == ("outside", "break", None, 0)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert len(list(watched)) == 60
+    rows = published(p, reader)
+    assert [r["index"] for r in rows] == list(range(taken - 1 + 60))  # the open step dropped
 
 
 def test_a_loop_inside_a_fast_loop_seals_it_and_both_go_on(p: probe.Probe) -> None:
@@ -538,7 +587,7 @@ def test_an_iterator_that_copies_itself_is_never_read_twice(p: probe.Probe) -> N
             return Cursor()
 
     reader = attached(p)
-    assert sum(1 for _ in p.watch(Loader())) == 40
+    assert sum(1 for _ in p.watch(FailingLoader())) == 40
     assert Cursor.fetched == 40
     rows = published(p, reader)
     assert [r["samples"] for r in rows] == [4] * 40

@@ -413,7 +413,13 @@ def _process_state(systems: Sequence[SystemSample], now: float, in_loop: bool) -
     return text + ": busy outside the step loop (evaluation, checkpointing?)"
 
 
-_LEFT_BY = {"exhausted": "the loader ran out", "break": "the loop broke off"}
+_LEFT_BY = {
+    "exhausted": "the loader ran out",
+    "break": "the loop broke off",
+    # The loader raised where the probe's C-timed steps left it no frame to see the
+    # exception's type (docs/protocol.md, loop_exit).
+    "exception": "the loader raised an exception",
+}
 
 
 def _left_by(how: str) -> str:
@@ -457,6 +463,11 @@ def _outside(window: Window) -> Verdict | None:
         headline = (
             f"Outside the training loop for {fmt.dur(away)}: it ended with "
             f"{how.removeprefix('exception:')}"
+        )
+    elif how == "exception":
+        headline = (
+            f"Outside the training loop for {fmt.dur(away)}: it ended with an exception "
+            "from the loader"
         )
     elif how.startswith(MARKED):
         headline = f"Outside the training loop for {fmt.dur(away)}: {how.removeprefix(MARKED)}"
