@@ -35,12 +35,22 @@ class SourceStatus:
     """Health of one data source ("psutil", "nvml", "hl-smi", "pressure", "cgroup").
 
     ``ok`` is False when the source gave nothing; ``message`` says why in words a user
-    can act on ("NVML library not found", "hl-smi timed out after 2 s").
+    can act on ("NVML library not found", "hl-smi timed out after 2 s"); ``state`` what
+    that means, as the collector knows it (a viewer does not read it from the words):
+    ABSENT, STARTING or FAILING; "" when ``ok`` says all.
     """
 
     source: Str
     ok: bool
     message: Str = ""
+    state: Str = ""
+
+
+# SourceStatus.state (an accelerator source's): the node has none of its devices, or
+# nothing to read them with (no library, driver or tool): not a fault to warn about ...
+ABSENT = "absent"
+STARTING = "starting"  # ... not read yet ...
+FAILING = "failing"  # ... or it could not read devices that may be there (a hung driver)
 
 
 class CpuCore(msgspec.Struct, frozen=True, gc=False):

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, Message, StepRecord, Steps, System
 from gputop_dl.probe.samples import (
+    ABSENT,
     CgroupSample,
     CpuCore,
     CpuSample,
@@ -281,7 +282,7 @@ def system_sample(
     statuses: tuple[SourceStatus, ...] = (
         SourceStatus("psutil", True),
         SourceStatus("nvml", True),
-        SourceStatus("hl-smi", False, "hl-smi not installed"),
+        SourceStatus("hl-smi", False, "hl-smi not installed", ABSENT),
     ),
     hpu_count: int = 0,
 ) -> SystemSample:
@@ -331,7 +332,7 @@ def system_sample(
         else (
             SourceStatus("nvml", True)
             if gpu_count
-            else SourceStatus("nvml", False, "NVML library not found"),
+            else SourceStatus("nvml", False, "NVML library not found", ABSENT),
             SourceStatus("hl-smi", True),
         ),
         data_device="nvme0n1",

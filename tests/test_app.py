@@ -42,6 +42,9 @@ from textual.widgets import Markdown
 
 from gputop_dl.probe.messages import System
 from gputop_dl.probe.samples import (
+    ABSENT,
+    FAILING,
+    STARTING,
     GpuSample,
     ProcessSample,
     SourceStatus,
@@ -359,7 +362,7 @@ async def test_lost_gpu_unreported_values_and_missing_sources() -> None:
     gpus[5] = GpuSample(5, gpus[0].name, None, throttle_reasons=("hw_thermal",))
     statuses = (
         SourceStatus("nvml", True),
-        SourceStatus("hl-smi", False, "hl-smi not installed"),
+        SourceStatus("hl-smi", False, "hl-smi not installed", ABSENT),
         SourceStatus("pressure", False, "kernel without PSI"),
     )
     sample = replace(
@@ -380,6 +383,31 @@ async def test_lost_gpu_unreported_values_and_missing_sources() -> None:
         memory = text(app.query_one(MemoryPanel))
         assert "cgroup mem 41.5/64.0 GiB" in memory
         assert "no pressure: kernel without PSI" in memory
+
+
+@pytest.mark.parametrize(
+    ("message", "state", "line"),
+    [
+        ("hl-smi not installed", ABSENT, "no Gaudi: hl-smi not installed"),
+        ("hl-smi is not on this node", ABSENT, "no Gaudi: hl-smi is not on this node"),
+        ("hl-smi not installed", FAILING, "⚠ hl-smi: hl-smi not installed"),
+        ("waiting for hl-smi", STARTING, "hl-smi: waiting for hl-smi"),
+        ("hl-smi timed out after 2 s", "", "⚠ hl-smi: hl-smi timed out after 2 s"),
+    ],
+)
+async def test_a_sources_state_not_its_words_decides_its_line(
+    message: str, state: str, line: str
+) -> None:
+    """Absent, starting or failing is the collector's fact on the wire (SourceStatus.state);
+    the panel reads no meaning into the message's words."""
+    statuses = (SourceStatus("nvml", True), SourceStatus("hl-smi", False, message, state))
+    sample = replace(system_sample(NOW - 0.5), statuses=statuses)
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(
+            pilot, source, [received(hello(), NOW - 1), received(System(SOURCE_ID, sample), NOW)]
+        )
+        assert text(app.query_one(AcceleratorsPanel)).splitlines()[-1] == line
 
 
 async def test_gaudi_hpus_without_nvidia() -> None:
@@ -837,7 +865,7 @@ def stale_hpus(events: list[SourceEvent]) -> Received:
     hpus = tuple(replace(h, error=stale) for h in sample.hpus)
     message = "hl-smi data stale: no update for 12 s (hl-smi timed out after 2 s)"
     statuses = tuple(
-        SourceStatus("hl-smi", False, message) if s.source == "hl-smi" else s
+        SourceStatus("hl-smi", False, message, FAILING) if s.source == "hl-smi" else s
         for s in sample.statuses
     )
     fresh = replace(sample, time=sample.time + 1.0, hpus=hpus, statuses=statuses)
@@ -898,7 +926,8 @@ async def test_a_hung_nvml_is_not_no_nvidia_gpu(size: tuple[int, int]) -> None:
     sample = last.message.sample
     hung = "NVML not answering: a driver call has not returned for 12 s"
     statuses = tuple(
-        SourceStatus("nvml", False, hung) if s.source == "nvml" else s for s in sample.statuses
+        SourceStatus("nvml", False, hung, FAILING) if s.source == "nvml" else s
+        for s in sample.statuses
     )
     fresh = replace(sample, time=sample.time + 1.0, statuses=statuses)
     app, source, _ = make_app()

@@ -335,7 +335,7 @@ def alive(pid: int) -> bool:
 
 def test_ok_loop_child(env: Path) -> None:
     col = make()
-    assert col.latest() == ((), SourceStatus("hl-smi", False, "hl-smi not started"))
+    assert col.latest() == ((), SourceStatus("hl-smi", False, "hl-smi not started", "starting"))
     col.start()
     try:
         hpus, status = wait_for(col, lambda g: g[1].ok)
@@ -397,7 +397,7 @@ def test_hang_times_out_without_delaying_callers(
         hpus, status = col.latest()
         assert hpus == () and not status.ok
         hpus, status = wait_for(col, lambda g: "timed out" in g[1].message and bool(pids(env)))
-        assert status == SourceStatus("hl-smi", False, "hl-smi timed out after 1 s")
+        assert status == SourceStatus("hl-smi", False, "hl-smi timed out after 1 s", "failing")
         assert hpus == ()
     finally:
         t0 = time.perf_counter()
@@ -418,7 +418,10 @@ def test_fail_reports_first_stderr_line(env: Path, monkeypatch: pytest.MonkeyPat
     try:
         _, status = wait_for(col, lambda g: "exited" in g[1].message)
         assert status == SourceStatus(
-            "hl-smi", False, "hl-smi exited with code 1: fake hl-smi: failure requested (mode=fail)"
+            "hl-smi",
+            False,
+            "hl-smi exited with code 1: fake hl-smi: failure requested (mode=fail)",
+            "failing",
         )
     finally:
         col.close()
@@ -508,7 +511,7 @@ def test_not_installed(env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("PATH", str(tmp_path))
     col = make()
     col.start()
-    assert col.latest() == ((), SourceStatus("hl-smi", False, "hl-smi not installed"))
+    assert col.latest() == ((), SourceStatus("hl-smi", False, "hl-smi not installed", "absent"))
     col.close()
     col.close()
 

@@ -120,19 +120,26 @@ def test_lost_from_the_first_sample_has_no_identity(fake: FakeNvml) -> None:
 
 
 @pytest.mark.parametrize(
-    ("code", "message"),
+    ("code", "message", "state"),
     [
-        (LIBRARY_NOT_FOUND, "NVML library not found"),
-        (DRIVER_NOT_LOADED, "NVIDIA driver not loaded"),
-        (pynvml.NVML_ERROR_NO_PERMISSION, "no permission to use NVML"),
-        (UNKNOWN, "NVML init failed: Unknown Error"),
+        (LIBRARY_NOT_FOUND, "NVML library not found", "absent"),
+        (DRIVER_NOT_LOADED, "NVIDIA driver not loaded", "absent"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no permission to use NVML", "absent"),
+        (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, "NVML library too old for nvidia-ml-py", "absent"),
+        (
+            pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+            "NVIDIA driver/library version mismatch (reload the driver)",
+            "failing",  # the GPUs are there: a fault to warn about
+        ),
+        (UNKNOWN, "NVML init failed: Unknown Error", "failing"),
     ],
 )
-def test_init_failure_statuses(fake: FakeNvml, code: int, message: str) -> None:
+def test_init_failure_statuses(fake: FakeNvml, code: int, message: str, state: str) -> None:
+    """The collector says what a failure means (a viewer does not read it from words)."""
     fake.init_error = code
     gpus, status = NvmlCollector().sample()
     assert gpus == ()
-    assert status == nvml_mod.SourceStatus("nvml", False, message)
+    assert status == nvml_mod.SourceStatus("nvml", False, message, state)
 
 
 def test_init_retry_is_rate_limited_then_succeeds(
@@ -329,7 +336,7 @@ def test_real_binding_without_driver_reports_library_not_found() -> None:
     col = NvmlCollector()
     gpus, status = col.sample()
     assert gpus == ()
-    assert status == nvml_mod.SourceStatus("nvml", False, "NVML library not found")
+    assert status == nvml_mod.SourceStatus("nvml", False, "NVML library not found", "absent")
     col.close()
 
 

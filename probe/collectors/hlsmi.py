@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gputop_dl.probe.samples import HpuSample, SourceStatus
+from gputop_dl.probe.samples import ABSENT, FAILING, STARTING, HpuSample, SourceStatus
 
 SOURCE = "hl-smi"
 
@@ -374,6 +374,7 @@ class HlSmiCollector:
         self._samples: tuple[HpuSample, ...] = ()
         self._published_at: float | None = None
         self._problem: str | None = None
+        self._problem_state = FAILING  # ABSENT: hl-smi is not installed
         self._started = False
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -392,7 +393,7 @@ class HlSmiCollector:
         exe = find_hlsmi(self._executable)
         if exe is None:
             where = f" ({self._executable} not found)" if self._executable else ""
-            self._set_problem(f"hl-smi not installed{where}")
+            self._set_problem(f"hl-smi not installed{where}", ABSENT)
             return
         # A pipe that close() writes to, so the reader's select() wakes at once.
         self._wake_r, self._wake_w = os.pipe()
@@ -412,23 +413,23 @@ class HlSmiCollector:
         try:
             with self._lock:
                 samples, published_at = self._samples, self._published_at
-                problem, started = self._problem, self._started
+                problem, problem_state, started = self._problem, self._problem_state, self._started
             if not started:
-                return (), SourceStatus(SOURCE, False, "hl-smi not started")
+                return (), SourceStatus(SOURCE, False, "hl-smi not started", STARTING)
             if published_at is not None:
                 age = time.monotonic() - published_at
                 if age > 3 * self._period_s():
                     stale = f"no update for {age:.0f} s"
                     message = f"hl-smi data stale: {stale}" + (f" ({problem})" if problem else "")
                     marked = tuple(replace(s, error=f"stale: {stale}") for s in samples)
-                    return marked, SourceStatus(SOURCE, False, message)
+                    return marked, SourceStatus(SOURCE, False, message, FAILING)
             if problem:
-                return samples, SourceStatus(SOURCE, False, problem)
+                return samples, SourceStatus(SOURCE, False, problem, problem_state)
             if published_at is None:
-                return (), SourceStatus(SOURCE, False, "waiting for hl-smi")
+                return (), SourceStatus(SOURCE, False, "waiting for hl-smi", STARTING)
             return samples, SourceStatus(SOURCE, True, "")
         except Exception as exc:  # never let a monitor bug reach the caller
-            return (), SourceStatus(SOURCE, False, f"hl-smi collector error: {exc}")
+            return (), SourceStatus(SOURCE, False, f"hl-smi collector error: {exc}", FAILING)
 
     def close(self) -> None:
         """Kill the child and join the thread. Safe to call twice or before start()."""
@@ -467,9 +468,9 @@ class HlSmiCollector:
             self._published_at = time.monotonic()
             self._problem = None
 
-    def _set_problem(self, message: str) -> None:
+    def _set_problem(self, message: str, state: str = FAILING) -> None:
         with self._lock:
-            self._problem = message
+            self._problem, self._problem_state = message, state
 
     # -- background thread --------------------------------------------------------------
 
@@ -498,7 +499,9 @@ class HlSmiCollector:
                 continue
             if not outcome.got_rows and self._retry_without_optional(outcome):
                 continue
-            self._set_problem(self._describe(outcome))
+            self._set_problem(
+                self._describe(outcome), ABSENT if outcome.kind == "missing" else FAILING
+            )
             if outcome.kind == "missing":
                 return  # uninstalled under us; nothing will change by retrying
             if outcome.kind == "timeout" and loop and not self._loop_ever_worked:

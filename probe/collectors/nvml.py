@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any
 
-from gputop_dl.probe.samples import GpuSample, SourceStatus
+from gputop_dl.probe.samples import ABSENT, FAILING, STARTING, GpuSample, SourceStatus
 
 try:
     import pynvml
@@ -67,6 +67,12 @@ _INIT_MESSAGES: dict[int, str] = {
     _ERR_LIB_RM_VERSION_MISMATCH: "NVIDIA driver/library version mismatch (reload the driver)",
     _ERR_OPERATING_SYSTEM: "the operating system blocked NVML",
 }
+
+# Init failures that mean this node has no GPU NVML could read: no library, no driver,
+# no right to use it, a library older than the binding (the others are faults).
+_ABSENT_CODES = frozenset(
+    {_ERR_LIBRARY_NOT_FOUND, _ERR_DRIVER_NOT_LOADED, _ERR_NO_PERMISSION, _ERR_FUNCTION_NOT_FOUND}
+)
 
 # Device-level failures: the whole device is unusable until it comes back.
 _LOST_MESSAGES: dict[int, str] = {
@@ -221,7 +227,7 @@ class NvmlCollector:
         self._lock = threading.Lock()
         self._initialised = False
         self._next_init_at = 0.0  # monotonic time of the next allowed nvmlInit attempt
-        self._init_status = SourceStatus(SOURCE, False, "NVML not initialised yet")
+        self._init_status = SourceStatus(SOURCE, False, "NVML not initialised yet", STARTING)
         self._init_error: int | None = None  # NVML's code for the last failed nvmlInit
         self._devices: list[_Device] = []
         self._missing: set[str] = set()  # functions this driver lacks: never call again
@@ -239,10 +245,12 @@ class NvmlCollector:
                 # Start over: the next init attempt (after init_retry_s) says why.
                 self._shutdown()
                 self._next_init_at = time.monotonic() + self.init_retry_s
-                self._init_status = SourceStatus(SOURCE, False, f"NVML stopped working: {exc}")
+                self._init_status = SourceStatus(
+                    SOURCE, False, f"NVML stopped working: {exc}", FAILING
+                )
                 return (), self._init_status
             except Exception as exc:  # last line of defence: report, never crash the host
-                return (), SourceStatus(SOURCE, False, f"NVML error: {exc}")
+                return (), SourceStatus(SOURCE, False, f"NVML error: {exc}", FAILING)
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
         """Shut NVML down if we initialised it. Safe to call twice. False, and NVML left
@@ -253,7 +261,7 @@ class NvmlCollector:
         try:
             self._shutdown()
             self._next_init_at = 0.0  # a later sample() starts afresh
-            self._init_status = SourceStatus(SOURCE, False, "NVML closed")
+            self._init_status = SourceStatus(SOURCE, False, "NVML closed", FAILING)
         finally:
             self._lock.release()
         return True
@@ -280,7 +288,7 @@ class NvmlCollector:
             return  # keep the last failure message; don't hammer a missing driver
         self._next_init_at = now + self.init_retry_s
         if pynvml is None:
-            self._init_status = SourceStatus(SOURCE, False, "nvidia-ml-py not installed")
+            self._init_status = SourceStatus(SOURCE, False, "nvidia-ml-py not installed", ABSENT)
             return
         try:
             pynvml.nvmlInit()
@@ -288,10 +296,11 @@ class NvmlCollector:
             code = int(getattr(exc, "value", -1))
             self._init_error = code
             message = _INIT_MESSAGES.get(code, f"NVML init failed: {exc}")
-            self._init_status = SourceStatus(SOURCE, False, message)
+            state = ABSENT if code in _ABSENT_CODES else FAILING
+            self._init_status = SourceStatus(SOURCE, False, message, state)
             return
         except Exception as exc:  # e.g. OSError from ctypes on a broken install
-            self._init_status = SourceStatus(SOURCE, False, f"NVML init failed: {exc}")
+            self._init_status = SourceStatus(SOURCE, False, f"NVML init failed: {exc}", FAILING)
             return
         self._initialised = True
         self._init_error = None
@@ -299,10 +308,16 @@ class NvmlCollector:
             count = int(pynvml.nvmlDeviceGetCount())
         except Exception as exc:
             self._shutdown()
-            self._init_status = SourceStatus(SOURCE, False, f"NVML cannot count GPUs: {exc}")
+            self._init_status = SourceStatus(
+                SOURCE, False, f"NVML cannot count GPUs: {exc}", FAILING
+            )
             return
         self._devices = [_Device(i) for i in range(count)]
-        self._init_status = SourceStatus(SOURCE, True, "" if count else "no NVIDIA GPU")
+        self._init_status = (
+            SourceStatus(SOURCE, True)
+            if count
+            else SourceStatus(SOURCE, True, "no NVIDIA GPU", ABSENT)
+        )
 
     # -- sampling ---------------------------------------------------------------------
 
@@ -538,7 +553,7 @@ class NvmlWorker:
         self._lock = threading.Lock()
         self._result: tuple[tuple[GpuSample, ...], SourceStatus] = (
             (),
-            SourceStatus(SOURCE, False, "NVML not read yet"),
+            SourceStatus(SOURCE, False, "NVML not read yet", STARTING),
         )
         self._busy_since: float | None = None  # monotonic start of the call in progress
         self._asked = threading.Event()
@@ -582,6 +597,7 @@ class NvmlWorker:
                     False,
                     f"NVML not answering: a driver call has not returned for {blocked:.0f} s"
                     " (a hung GPU or driver?); GPU figures resume when it does",
+                    FAILING,
                 )
         return result
 

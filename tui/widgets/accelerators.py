@@ -12,7 +12,14 @@ from rich.cells import cell_len
 from rich.control import strip_control_codes
 from rich.text import Text
 
-from gputop_dl.probe.samples import GpuSample, HpuSample, SourceStatus, SystemSample
+from gputop_dl.probe.samples import (
+    ABSENT,
+    STARTING,
+    GpuSample,
+    HpuSample,
+    SourceStatus,
+    SystemSample,
+)
 from gputop_dl.tui.format import NA, TIMES, fmt_pct, fmt_rate, fmt_ratio, fmt_temp
 from gputop_dl.tui.widgets.base import Panel, Part, assemble, trusted_copy
 
@@ -22,26 +29,6 @@ SOURCE_KINDS = {"nvml": "GPU", "hl-smi": "HPU"}
 COMPACT_PROBLEMS = 2  # a short screen's lines for devices with errors, then a count
 PROBLEM_SHOWN = 48  # columns of a device's problem in its row (all of it in the sample)
 SOURCE_NAMES = {"nvml": "NVML", "hl-smi": "hl-smi"}
-# A source's messages that say the node has none of its devices (or none it can read:
-# no library, no driver, no tool), as the collectors word them; any other message is a
-# failure to read devices that may be there ("NVML not answering", "hl-smi timed out").
-ABSENT_MESSAGES = (
-    "NVML library not found",
-    "NVIDIA driver not loaded",
-    "nvidia-ml-py not installed",
-    "no NVIDIA GPU",
-    "NVML library too old",
-    "no permission to use NVML",
-    "hl-smi not installed",
-    "no Gaudi",
-)
-# ... and the ones of a source still starting: neither absent nor failing
-STARTING_MESSAGES = (
-    "NVML not read yet",
-    "NVML not initialised yet",
-    "hl-smi not started",
-    "waiting for hl-smi",
-)
 STALE = "stale"  # hl-smi's rows when it stopped updating: "stale: no update for 12 s"
 # A per-field error's function, as the row names the field ("util: Unknown Error")
 FIELD_WORDS = (
@@ -243,9 +230,9 @@ class AcceleratorsPanel(Panel):
         read, a warning naming it when its devices are on screen (their figures may be
         old) or when it failed to read them (a hung driver is not "no NVIDIA GPU")."""
         message = status.message or "not available"
-        if message.startswith(STARTING_MESSAGES):
+        if status.state == STARTING:
             return Text(f"{SOURCE_NAMES[status.source]}: {message}", self.style("panel--dim"))
-        if self._has(status.source) or not message.startswith(ABSENT_MESSAGES):
+        if self._has(status.source) or status.state != ABSENT:
             return Text(f"⚠ {SOURCE_NAMES[status.source]}: {message}", self.style("panel--warning"))
         return Text(f"{MISSING_SOURCES[status.source]}: {message}", self.style("panel--dim"))
 
@@ -278,9 +265,7 @@ class AcceleratorsPanel(Panel):
         # wrong even here (a stale hl-smi's figures look live otherwise); absent ones
         # do not take a line.
         problems = [
-            self._status_line(s)
-            for s in self.statuses
-            if self._has(s.source) or not (s.message or "").startswith(ABSENT_MESSAGES)
+            self._status_line(s) for s in self.statuses if self._has(s.source) or s.state != ABSENT
         ]
         if len(self.devices) <= COMPACT_ONE_A_LINE:
             rows = [self._row(d, width, not self._same_names()) for d in self.devices]
