@@ -22,7 +22,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 from itertools import repeat, starmap
-from operator import floordiv, itemgetter, sub
+from operator import floordiv, itemgetter, length_hint, sub
 from time import perf_counter_ns
 from typing import Any
 
@@ -37,7 +37,8 @@ from gputop_dl.probe.protocol import (
 # Steps per segment: the Python between two segments (a new list, a closing reading)
 # costs ~0.01 us a step at this size; a segment nobody drains holds ~24 KB.
 CHUNK_STEPS = 1024
-_batch = itemgetter(2)  # (gate, t0, batch, t1) -> batch
+_batch = itemgetter(3)  # (pull, gate, t0, batch, t1) -> batch
+_TRIES = 2**62  # Segment.pulls: more than any segment tries
 
 
 class Segment:
@@ -55,6 +56,7 @@ class Segment:
         "known",
         "last",
         "position",
+        "pulls",
         "stamps",
         "steps",
         "taken",
@@ -73,9 +75,15 @@ class Segment:
         # (protocol.READINGS_TYPECODE): the cheapest append of an int.
         # Never exported (no memoryview of it): appending must not fail.
         self.stamps = array(READINGS_TYPECODE)
-        # The chain takes one item of this list per step: clearing it stops the chain
-        # before its next clock reading (a loop entered inside this one: Probe).
-        self.gate: list[None] = [None] * CHUNK_STEPS
+        # The chain takes one token of this list per step, and each step's second
+        # reading adds the next one: after a fetch that raised there is none, so a
+        # training that asks again (a loader that skips a bad batch) stops the chain
+        # before its next reading, and the pass goes on in Python (probe/watch.py).
+        # Clearing it stops the chain too (a loop entered inside this one: Probe).
+        self.gate: list[None] = [None]
+        # One item a step tried, first in each try: the count that tells a loader found
+        # empty from a fetch that raised (fetch_raised). Never runs out.
+        self.pulls = repeat(None, _TRIES)
         self.steps: int | None = None  # set when it ended: its steps, all published
         self.taken = 0  # publisher thread: steps already turned into rows
 
@@ -83,17 +91,29 @@ class Segment:
         """Steps whose three readings are in (a step's end is the next one's start)."""
         return (len(self.stamps) - 1) // 2 if self.stamps else 0
 
+    def fetch_raised(self) -> bool:
+        """Training thread, once the chain stopped: its last fetch raised and the
+        training asked for a batch again. Either way a fetch that did not return leaves
+        an odd count of readings; a loader found empty stops the chain in the same try,
+        a fetch that raised leaves no token, and the next try stops at the gate."""
+        fetched = len(self.stamps)
+        tried = _TRIES - length_hint(self.pulls)
+        return fetched % 2 == 1 and tried == fetched // 2 + 2
+
     def timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """``iterator``'s batches, each fetch between two clock readings. Without a plan
         the caller appends each batch's count to ``counts`` (watch counts in its own
         frame: a Python call a step from here cost ~500 instructions more, and counting
         in C through the learned types' slot functions more still:
         docs/measurements.md)."""
-        clock = map(self.stamps.append, starmap(perf_counter_ns, repeat(())))
+        append = self.stamps.append
+        # At most CHUNK_STEPS first readings: the segment's bound, before a fetch.
+        begin = map(append, starmap(perf_counter_ns, repeat((), CHUNK_STEPS)))
+        end = map(self.gate.append, map(append, starmap(perf_counter_ns, repeat(()))))
         # The zip's tuple holds the step's batch until the next one is fetched, as a bare
         # loop's variable does: nothing here keeps a batch the loop has moved past
         # (itertools.tee, which fed a counter beside the loop, kept up to 56).
-        return map(_batch, zip(iter(self.gate), clock, iterator, clock, strict=False))
+        return map(_batch, zip(self.pulls, iter(self.gate), begin, iterator, end, strict=False))
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

@@ -58,6 +58,11 @@ class _Pass(chain[T]):
         """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
         self.stretches.close()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # chain's own would copy (copy.copy) or pickle a pass that shares this one's
+        # loader iterator and state; a generator refuses, and so does this.
+        raise TypeError(f"cannot pickle or copy a pass over {type(self).__name__!r}")
+
 
 class Watched(Generic[T]):
     """The wrapped ``iterable`` as the training sees it; passes over it are timed."""
@@ -134,9 +139,14 @@ class Watched(Generic[T]):
         pass's first, or every one while CUDA events time the device) a stretch of one
         batch, then C-timed segments (probe/stamps.py) while this loop is alone. The
         chain asks for the next stretch when the training asks for the batch after a
-        stretch's last: a one-batch stretch's step ends where this frame resumes."""
+        stretch's last: a one-batch stretch's step ends where this frame resumes.
+
+        A loader's exception reaches the training as a stretch that raises it, and the
+        pass goes on if the training asks again, as the loader's own iterator would (a
+        loop that skips a bad batch); the fetch that raised is no step."""
         probe = self._probe
         how = "exhausted"
+        failed: str | None = None  # how the last fetch raised, until the training asks again
         segment: Segment | None = None  # the C-timed segment under way
         raised: list[str] = []  # how a counting stretch saw the loader raise
         # A loader that cannot start raises here, before the pass is entered: a pass
@@ -162,11 +172,25 @@ class Watched(Generic[T]):
             # stretches call it bare; a user's samples= function stays in this loop,
             # where its errors are caught.
             own_counter = self._samples is None
-            position = 0
+            position = 0  # the batches passed on so far
+            stretch: Iterator[Any] | None
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
                 t0 = perf()
-                resume = position
-                for position, batch in enumerate(iterator, resume):
+                while True:
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        return  # exhausted
+                    except BaseException as exc:  # the loader's: the training's to handle
+                        failed = f"exception:{type(exc).__name__}"
+                        stretch = _raising(exc)
+                    else:
+                        stretch = None
+                    if stretch is not None:
+                        yield stretch
+                        stretch, failed = None, None  # asked again: the pass goes on
+                        t0 = perf()
+                        continue
                     t1 = perf()
                     n: int | None
                     if position < known:
@@ -206,15 +230,13 @@ class Watched(Generic[T]):
                             append((index, t0, t1, t_next, n, None, None))
                             probe._index = index + 1
                     t0 = t_next
+                    position += 1
                     # Timing and counts settled (the rest of the plan, or our own counter):
                     # the rest of the pass runs in C (probe/stamps.py).
-                    counts_settled = position < known or (known < 0 and own_counter)
+                    counts_settled = position <= known or (known < 0 and own_counter)
                     alone = probe._passes == 1 and probe.enabled  # no other loop's steps
                     if fast and counts_settled and alone and not pids_late:
                         break
-                else:
-                    return  # exhausted in the loop above
-                position += 1
                 del batch  # the frame lives as long as the pass: it must not keep this batch
                 settled_plan = plan if known >= 0 else None  # None: each batch counted
                 while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
@@ -226,23 +248,29 @@ class Watched(Generic[T]):
                         yield self._counted(segment, iterator, raised)
                     position += len(segment.stamps) // 2  # the batches it passed on
                     ended, segment = segment, None
-                    if probe._end_segment(ended):
-                        return  # exhausted (odd readings: the last found the loader empty)
+                    in_fetch = probe._end_segment(ended)  # its last fetch did not return
+                    if raised or ended.fetch_raised():
+                        raised.clear()  # it raised, and the training asked again
+                        break  # on in Python: the fetch after the one that raised
+                    if in_fetch:
+                        return  # exhausted (the fetch found the loader empty)
         except GeneratorExit:
-            # The chain was let go of: the loop left by `break`, or by an exception the
-            # loader raised in a C-timed stretch, which went to the training past this
-            # frame: a counting stretch saw its type; a plan's chain only left the fetch
-            # begun (an odd count of readings), so its type is unknown.
-            if raised:
+            # The chain was let go of: the loop left by `break`, or after the loader
+            # raised (the training did not ask again). In a C-timed stretch its exception
+            # went to the training past this frame: a counting stretch saw its type; a
+            # plan's chain only left the fetch begun (an odd count of readings).
+            if failed is not None:
+                how = failed
+            elif raised:
                 how = raised[0]
-            elif segment is not None and segment.steps is None and len(segment.stamps) % 2:
+            elif segment is not None and len(segment.stamps) % 2:
                 how = "exception"
             else:
                 how = "break"
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # the probe's own, which the training must not see
             how = f"exception:{type(exc).__name__}"
-            raise  # bare raise: the loader's own exception and traceback, not chained
+            raise
         finally:
             probe._loop_left(how)
 
@@ -307,6 +335,13 @@ class Watched(Generic[T]):
 _OWN = frozenset(
     {"_probe", "_iterable", "_samples", "_data_path", "_learned", "_count", "_info", "_framework"}
 )
+
+
+def _raising(exc: BaseException) -> Iterator[Any]:
+    """A stretch that hands the training the loader's exception as it was raised (its own
+    type and traceback, not chained: raised from a frame that handles nothing)."""
+    yield from ()
+    raise exc
 
 
 def _counter(samples: Samples, learned: loader.Learned) -> Callable[[Any], int | None]:
