@@ -460,7 +460,13 @@ class Probe:
         self._passes = max(0, self._passes - 1)
         if self._segment is not None:  # break or an exception inside a C-timed pass
             self._end_segment(self._segment, close=False)
-        self._mark_loop("outside", how, now)
+        if self._passes:
+            # A loop inside another ended (an evaluation inside the training loop): the
+            # training loop goes on; "outside" here told viewers it had left, for the rest
+            # of the epoch.
+            self._mark_loop("in-loop", None, now)
+        else:
+            self._mark_loop("outside", how, now)
 
     def _index_now(self) -> int:
         """The open (or next) step's index, also while a segment times the loop."""

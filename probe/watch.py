@@ -172,7 +172,8 @@ class Watched(Generic[T]):
             # stretches call it bare; a user's samples= function stays in this loop,
             # where its errors are caught.
             own_counter = self._samples is None
-            position = 0  # the batches passed on so far
+            position = 0  # the loader's batch position: batches passed on, and fetches that raised
+            checked = False  # the first batch's count held against the plan
             stretch: Iterator[Any] | None
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
                 t0 = perf()
@@ -187,6 +188,7 @@ class Watched(Generic[T]):
                     else:
                         stretch = None
                     if stretch is not None:
+                        position += 1  # (a torch DataLoader's sampler moved past the batch)
                         yield stretch
                         stretch, failed = None, None  # asked again: the pass goes on
                         t0 = perf()
@@ -202,9 +204,10 @@ class Watched(Generic[T]):
                             n = count(batch)
                         except Exception:  # a user's counting function must not stop training
                             n = None
-                        if position == 0 and plan is not None and n in (None, plan[0]):
+                        if not checked and plan is not None and n in (None, plan[0]):
                             full, known, last = plan
-                            n = full
+                            n = full if position < known else last
+                        checked = True
                     # Host timing settled (no CUDA events): _open_step and _close_step
                     # inlined, the step's times kept here, nothing allocated but the record
                     # (two thirds of this loop's cost; bench/probe_overhead.py).
@@ -251,6 +254,7 @@ class Watched(Generic[T]):
                     in_fetch = probe._end_segment(ended)  # its last fetch did not return
                     if raised or ended.fetch_raised():
                         raised.clear()  # it raised, and the training asked again
+                        position += 1  # the batch that raised
                         break  # on in Python: the fetch after the one that raised
                     if in_fetch:
                         return  # exhausted (the fetch found the loader empty)
@@ -287,6 +291,7 @@ class Watched(Generic[T]):
         uncounted = UNCOUNTED  # a local: read twice a step
         item: Any
         outer, in_first, inner, by_len = loader.quick_way(self._learned)
+        closing = False
         try:
             for item in segment.timed(iterator):
                 n = uncounted
@@ -302,11 +307,14 @@ class Watched(Generic[T]):
                 except Exception:
                     pass  # 0-d, a shape None or that raises: the counter says
                 add_count(count(item) if n is uncounted else n)
-                yield item
-        except GeneratorExit:
-            raise
+                try:
+                    yield item
+                except GeneratorExit:  # the pass let go of (not the loader's)
+                    closing = True
+                    raise
         except BaseException as exc:
-            raised.append(f"exception:{type(exc).__name__}")
+            if not closing:
+                raised.append(f"exception:{type(exc).__name__}")
             raise
 
     def _plan(self) -> tuple[int, int, int] | None:
@@ -341,7 +349,12 @@ def _raising(exc: BaseException) -> Iterator[Any]:
     """A stretch that hands the training the loader's exception as it was raised (its own
     type and traceback, not chained: raised from a frame that handles nothing)."""
     yield from ()
-    raise exc
+    try:
+        raise exc
+    finally:
+        # The traceback holds this frame: with the exception in it, a cycle that kept the
+        # training's and the loader's frames (and the pass) until a garbage collection.
+        del exc
 
 
 def _counter(samples: Samples, learned: loader.Learned) -> Callable[[Any], int | None]:

@@ -75,11 +75,17 @@ def test_agent_publishes_host_samples_and_says_why_accelerators_are_absent() -> 
     assert any(d["read_bps"] is not None for d in last["disks"])
     assert "lo" in {n["interface"] for n in last["nets"]}
     statuses = {s["source"]: s for s in last["statuses"]}
-    assert statuses["nvml"] == {"source": "nvml", "ok": False, "message": "NVML library not found"}
+    assert statuses["nvml"] == {
+        "source": "nvml",
+        "ok": False,
+        "message": "NVML library not found",
+        "state": "absent",
+    }
     assert statuses["hl-smi"] == {
         "source": "hl-smi",
         "ok": False,
         "message": "hl-smi not installed",
+        "state": "absent",
     }
     hello = reader.of_kind("hello")[-1]
     assert hello["role"] == "agent" and hello["loader"] is None

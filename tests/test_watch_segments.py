@@ -307,6 +307,97 @@ def test_a_loader_error_the_training_skips_changes_nothing(
     assert min(r["wait_s"] for r in rows) >= 0.8 * SkippingLoader.FETCH_S, rows
 
 
+def test_a_skipped_loader_error_holds_nothing_after_the_loop(p: probe.Probe) -> None:
+    """The stretch that raised the loader's error kept it in its frame, which the error's
+    traceback holds: a cycle that kept the pass (still "in-loop", the next epoch timed as a
+    nested loop) and the loader's iterator until a garbage collection."""
+    import gc
+
+    loader = SkippingLoader(10, {1})
+    gc.disable()
+    try:
+        it = iter(p.watch(loader))
+        assert int(next(it)[0, 0]) == 0
+        with pytest.raises(KeyError):
+            next(it)  # a Python-timed step's fetch
+        assert int(next(it)[0, 0]) == 2
+        cursor = weakref.ref(it.stretches.gi_frame.f_locals["iterator"])  # type: ignore[attr-defined]
+        del it  # the training lets go (a break)
+        assert (p._loop, p._loop_exit, p._passes) == ("outside", "break", 0)
+        assert cursor() is None
+    finally:
+        gc.enable()
+
+
+def test_a_skipped_bad_sample_keeps_the_plans_last_count(p: probe.Probe) -> None:
+    """torch's sampler moves past a batch whose sample raised: the plan's position of the
+    short last batch counts it (the probe had counted only the batches it passed on, and
+    published the last one as full)."""
+
+    class Samples(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 162
+
+        def __getitem__(self, i: int) -> Any:
+            if i in (20, 101):
+                raise KeyError(f"bad sample {i}")
+            return torch.zeros(1)
+
+    reader = attached(p)
+    got, errors = skip_bad(p.watch(DataLoader(Samples(), batch_size=4)))
+    assert errors == 2 and len(got) == 41 - 2
+    rows = published(p, reader)
+    assert [r["samples"] for r in rows] == [4] * 38 + [2]
+
+
+def test_a_generator_exit_the_loader_raises_is_its_error(p: probe.Probe) -> None:
+    """Only the pass's own close() is not the loader's: a GeneratorExit from the loader
+    in a counting segment is an error the training may skip."""
+
+    class Odd:
+        def __init__(self) -> None:
+            self.at = 0
+
+        def __iter__(self) -> Odd:
+            return self
+
+        def __next__(self) -> np.ndarray:
+            self.at += 1
+            if self.at > 30:
+                raise StopIteration
+            if self.at == 13:
+                raise GeneratorExit("from the loader")
+            return np.zeros((4, 1))
+
+    got, errors = [], 0
+    it = iter(p.watch(Odd()))
+    while True:
+        try:
+            got.append(next(it))
+        except StopIteration:
+            break
+        except GeneratorExit:
+            errors += 1
+    assert (len(got), errors) == (29, 1)
+    assert (p._loop, p._loop_exit) == ("outside", "exhausted")
+
+
+def test_an_evaluation_loop_inside_the_training_loop_leaves_it_in_the_loop(
+    p: probe.Probe,
+) -> None:
+    """The evaluation's pass ended: the training loop goes on, in the loop (it was told
+    "outside" for the rest of the epoch, which a viewer shows as a verdict)."""
+    outer, inner = p.watch(batches(60)), p.watch(batches(5, size=2))
+    states = []
+    for i, _ in enumerate(outer):
+        if i == 20:
+            assert sum(1 for _ in inner) == 5
+        if i in (21, 50):
+            states.append((p._loop, p._passes))
+    assert states == [("in-loop", 1)] * 2
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "exhausted", 0)
+
+
 def test_a_loader_error_inside_a_fetch_that_ran_a_loop_is_an_exception(p: probe.Probe) -> None:
     """A watched loop run inside the outer loop's fetch seals the outer segment; the fetch
     then raises: the loop was left on an exception, not by a break."""
