@@ -816,8 +816,11 @@ class Probe:
                     loop != "outside",
                 )
                 if stalled is not None and self._train_thread is not None:
+                    segment = self._segment  # once: the training thread may change it
+                    # A fetch begun and not returned (an odd count of readings).
+                    fetching = segment is not None and len(segment.stamps) % 2 == 1
                     stack = stacks.take_stack(
-                        self.source_id, self._train_thread, stalled, drain.next_index
+                        self.source_id, self._train_thread, stalled, drain.next_index, fetching
                     )
                     stack_frames = encode(stack) if stack is not None else None
                     if stack_frames is not None:

@@ -197,6 +197,10 @@ class Stack:
     frames: Annotated[tuple[Frame, ...], msgspec.Meta(max_length=32)]  # innermost first
     left_out: Count = 0  # outer frames beyond the 32 innermost
     thread: Str | None = None  # the training thread's name
+    # In a C-timed stretch the probe has no frame on the stack while the loader works:
+    # True when its clock says the thread is inside the loader's next() (a fetch begun,
+    # not returned). Elsewhere the probe's own frame on the stack says so.
+    fetching: bool = False
 
 
 Message = Hello | Steps | System | Loop | Bye | Stack

@@ -127,7 +127,9 @@ class StallWatch:
         return stalled
 
 
-def take_stack(source_id: str, thread_id: int, stalled_s: float, step_index: int) -> Stack | None:
+def take_stack(
+    source_id: str, thread_id: int, stalled_s: float, step_index: int, fetching: bool = False
+) -> Stack | None:
     """The ``stack`` message for thread ``thread_id`` now; None if it cannot be taken
     (the thread ended). Called by the publisher thread only."""
     taken = capture(thread_id)
@@ -143,4 +145,5 @@ def take_stack(source_id: str, thread_id: int, stalled_s: float, step_index: int
         frames=frames,
         left_out=left_out,
         thread=cut_tail(thread, 200) if thread else None,
+        fetching=fetching,
     )

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -447,3 +448,57 @@ def test_a_first_step_that_hangs_gets_its_stack(monkeypatch: pytest.MonkeyPatch)
     (stack,) = stacks_read
     assert stack.step_index == 0 and stack.stalled_s >= 1.0, stack
     assert any(f.code.endswith("# FIRST STEP HANGS HERE") for f in stack.frames), stack.frames
+
+
+def test_a_hang_in_a_dataloaders_fetch_between_c_timed_steps_is_a_fetch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A torch DataLoader's batches pass from the probe's C chain to the training with no
+    frame of the probe's on the stack: the stack says the loader is fetching from the
+    probe's clock (a fetch begun, not returned), so the verdict is the loader's hang."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    from gputop_dl import probe
+    from gputop_dl.probe.protocol import decode
+    from gputop_dl.probe.transport import Subscriber
+
+    class Hangs(Dataset[Any]):
+        def __len__(self) -> int:
+            return 400
+
+        def __getitem__(self, i: int) -> Any:
+            if i == 200:
+                time.sleep(3.0)  # SAMPLE 200 HANGS HERE
+            return torch.zeros(1)
+
+    monkeypatch.setattr(stacks, "STALL_MIN_S", 0.5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    p = probe.Probe(name="hangs", listen=endpoint, system_interval_s=0)
+    sub = Subscriber()
+    try:
+        sub.connect(endpoint)
+        time.sleep(0.3)
+        for i, _ in enumerate(p.watch(DataLoader(Hangs(), batch_size=4))):
+            time.sleep(0.002)
+            if i == 30:
+                assert p._segment is not None  # C-timed by now
+        p.close()
+        deadline = time.monotonic() + 5.0
+        stacks_read: list[Stack] = []
+        while time.monotonic() < deadline and not stacks_read:
+            for frames in sub.receive(0.2):
+                message = decode(frames)
+                if isinstance(message, Stack):
+                    stacks_read.append(message)
+    finally:
+        p.close()
+        sub.close()
+    (stack,) = stacks_read
+    assert any(f.code.endswith("# SAMPLE 200 HANGS HERE") for f in stack.frames), stack.frames
+    assert not any(f.file.endswith(stuck.FETCHING_MARK) for f in stack.frames)
+    assert stack.fetching and stuck.fetching(stack)
+    window = Window(stack.time, steps(50), (), hello(), stack, None)
+    assert analyze(window).headline.startswith("Stalled: no batch for")

@@ -35,8 +35,9 @@ def is_library(frame: Frame) -> bool:
 
 
 def fetching(stack: Stack) -> bool:
-    """The training thread is inside the watched loader's next(): waiting for a batch."""
-    return any(frame.file.endswith(FETCHING_MARK) for frame in stack.frames)
+    """The training thread is inside the watched loader's next(): waiting for a batch.
+    The probe says so where its C-timed steps leave no frame of its own on the stack."""
+    return stack.fetching or any(frame.file.endswith(FETCHING_MARK) for frame in stack.frames)
 
 
 def where(frame: Frame) -> str:
