@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -417,35 +418,15 @@ def test_a_first_step_that_hangs_gets_its_stack(monkeypatch: pytest.MonkeyPatch)
     """With no step yet there was no stall to take a stack for: a hang in the first step
     (NCCL setup, a loader that cannot start) never showed where it was. It waits from
     the loop's entry (thresholds shortened here: 30 s in use)."""
-    from gputop_dl import probe
-    from gputop_dl.probe.protocol import decode
-    from gputop_dl.probe.transport import Subscriber
-
     monkeypatch.setattr(stacks, "STALL_MIN_S", 0.5)
     monkeypatch.setattr(stacks, "FIRST_STEPS_STALL_S", 1.0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    p = probe.Probe(name="slow-start", listen=endpoint, system_interval_s=0)
-    sub = Subscriber()
-    try:
-        sub.connect(endpoint)
-        time.sleep(0.3)
+
+    def train(p: Any) -> None:
         for i in p.watch(range(2)):
             if i == 0:
                 time.sleep(2.5)  # FIRST STEP HANGS HERE
-        p.close()
-        deadline = time.monotonic() + 5.0
-        stacks_read: list[Stack] = []
-        while time.monotonic() < deadline and not stacks_read:
-            for frames in sub.receive(0.2):
-                message = decode(frames)
-                if isinstance(message, Stack):
-                    stacks_read.append(message)
-    finally:
-        p.close()
-        sub.close()
-    (stack,) = stacks_read
+
+    (stack,) = stacks_sent(train)
     assert stack.step_index == 0 and stack.stalled_s >= 1.0, stack
     assert any(f.code.endswith("# FIRST STEP HANGS HERE") for f in stack.frames), stack.frames
 
@@ -459,10 +440,6 @@ def test_a_hang_in_a_dataloaders_fetch_between_c_timed_steps_is_a_fetch(
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, Dataset
 
-    from gputop_dl import probe
-    from gputop_dl.probe.protocol import decode
-    from gputop_dl.probe.transport import Subscriber
-
     class Hangs(Dataset[Any]):
         def __len__(self) -> int:
             return 400
@@ -473,32 +450,46 @@ def test_a_hang_in_a_dataloaders_fetch_between_c_timed_steps_is_a_fetch(
             return torch.zeros(1)
 
     monkeypatch.setattr(stacks, "STALL_MIN_S", 0.5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    p = probe.Probe(name="hangs", listen=endpoint, system_interval_s=0)
-    sub = Subscriber()
-    try:
-        sub.connect(endpoint)
-        time.sleep(0.3)
+
+    def train(p: Any) -> None:
         for i, _ in enumerate(p.watch(DataLoader(Hangs(), batch_size=4))):
             time.sleep(0.002)
             if i == 30:
                 assert p._segment is not None  # C-timed by now
-        p.close()
-        deadline = time.monotonic() + 5.0
-        stacks_read: list[Stack] = []
-        while time.monotonic() < deadline and not stacks_read:
-            for frames in sub.receive(0.2):
-                message = decode(frames)
-                if isinstance(message, Stack):
-                    stacks_read.append(message)
-    finally:
-        p.close()
-        sub.close()
-    (stack,) = stacks_read
+
+    (stack,) = stacks_sent(train)
     assert any(f.code.endswith("# SAMPLE 200 HANGS HERE") for f in stack.frames), stack.frames
     assert not any(f.file.endswith(stuck.FETCHING_MARK) for f in stack.frames)
     assert stack.fetching and stuck.fetching(stack)
     window = Window(stack.time, steps(50), (), hello(), stack, None)
     assert analyze(window).headline.startswith("Stalled: no batch for")
+
+
+def stacks_sent(train: Callable[[Any], None]) -> list[Stack]:
+    """The stack messages a real probe sends while ``train(probe)`` runs, to a subscriber
+    attached before it starts."""
+    from gputop_dl import probe
+    from gputop_dl.probe.protocol import decode
+    from gputop_dl.probe.transport import Subscriber
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    p = probe.Probe(name="stalls", listen=endpoint, system_interval_s=0)
+    sub = Subscriber()
+    try:
+        sub.connect(endpoint)
+        time.sleep(0.3)
+        train(p)
+        p.close()
+        deadline = time.monotonic() + 5.0
+        read: list[Stack] = []
+        while time.monotonic() < deadline and not read:
+            for frames in sub.receive(0.2):
+                message = decode(frames)
+                if isinstance(message, Stack):
+                    read.append(message)
+    finally:
+        p.close()
+        sub.close()
+    return read
