@@ -500,7 +500,7 @@ class Probe:
         An even count of readings means the chain stopped before a step's end was read
         (its gate ran out): with ``close`` that end is read now, else the step is dropped.
         """
-        exhausted = len(segment.stamps) % 2 == 1
+        exhausted = segment.in_fetch()
         if segment.steps is not None:  # sealed by a nested loop, which set the index
             return exhausted
         if close and not exhausted:
@@ -817,8 +817,7 @@ class Probe:
                 )
                 if stalled is not None and self._train_thread is not None:
                     segment = self._segment  # once: the training thread may change it
-                    # A fetch begun and not returned (an odd count of readings).
-                    fetching = segment is not None and len(segment.stamps) % 2 == 1
+                    fetching = segment is not None and segment.in_fetch()
                     stack = stacks.take_stack(
                         self.source_id, self._train_thread, stalled, drain.next_index, fetching
                     )

@@ -91,14 +91,18 @@ class Segment:
         """Steps whose three readings are in (a step's end is the next one's start)."""
         return (len(self.stamps) - 1) // 2 if self.stamps else 0
 
+    def in_fetch(self) -> bool:
+        """A fetch begun and not returned (an odd count of readings): under way, or it
+        found the loader empty, or it raised. Any thread."""
+        return len(self.stamps) % 2 == 1
+
     def fetch_raised(self) -> bool:
         """Training thread, once the chain stopped: its last fetch raised and the
-        training asked for a batch again. Either way a fetch that did not return leaves
-        an odd count of readings; a loader found empty stops the chain in the same try,
-        a fetch that raised leaves no token, and the next try stops at the gate."""
-        fetched = len(self.stamps)
+        training asked for a batch again. A loader found empty stops the chain in the
+        same try; a fetch that raised leaves no token, and the next try stops at the
+        gate."""
         tried = _TRIES - length_hint(self.pulls)
-        return fetched % 2 == 1 and tried == fetched // 2 + 2
+        return self.in_fetch() and tried == len(self.stamps) // 2 + 2
 
     def timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """``iterator``'s batches, each fetch between two clock readings. Without a plan

@@ -146,9 +146,10 @@ class Watched(Generic[T]):
         loop that skips a bad batch); the fetch that raised is no step."""
         probe = self._probe
         how = "exhausted"
-        failed: str | None = None  # how the last fetch raised, until the training asks again
         segment: Segment | None = None  # the C-timed segment under way
-        raised: list[str] = []  # how a counting stretch saw the loader raise
+        # How the last fetch raised, until the training asks again (a counting stretch,
+        # a generator of its own, notes it here too).
+        raised: list[str] = []
         # A loader that cannot start raises here, before the pass is entered: a pass
         # left without being entered ended the count of a loop running around this one.
         iterator = iter(self._iterable)
@@ -183,14 +184,15 @@ class Watched(Generic[T]):
                     except StopIteration:
                         return  # exhausted
                     except BaseException as exc:  # the loader's: the training's to handle
-                        failed = f"exception:{type(exc).__name__}"
+                        raised.append(f"exception:{type(exc).__name__}")
                         stretch = _raising(exc)
                     else:
                         stretch = None
                     if stretch is not None:
                         position += 1  # (a torch DataLoader's sampler moved past the batch)
                         yield stretch
-                        stretch, failed = None, None  # asked again: the pass goes on
+                        stretch = None
+                        raised.clear()  # asked again: the pass goes on
                         t0 = perf()
                         continue
                     t1 = perf()
@@ -263,11 +265,9 @@ class Watched(Generic[T]):
             # raised (the training did not ask again). In a C-timed stretch its exception
             # went to the training past this frame: a counting stretch saw its type; a
             # plan's chain only left the fetch begun (an odd count of readings).
-            if failed is not None:
-                how = failed
-            elif raised:
+            if raised:
                 how = raised[0]
-            elif segment is not None and len(segment.stamps) % 2:
+            elif segment is not None and segment.in_fetch():
                 how = "exception"
             else:
                 how = "break"
