@@ -177,7 +177,8 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class HpuSample:
-    """One Intel Gaudi HPU as ``hl-smi`` reports it. ``state`` is "ok" or "lost"."""
+    """One Intel Gaudi HPU as ``hl-smi`` reports it. ``state`` is "ok", "lost", or "stale"
+    when hl-smi stopped updating: the figures are its last ones, seconds old."""
 
     index: Count
     name: Str | None

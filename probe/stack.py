@@ -13,6 +13,7 @@ frames, plus a source line lookup per frame, cached by ``linecache``).
 from __future__ import annotations
 
 import linecache
+import os
 import statistics
 import sys
 import threading
@@ -32,6 +33,11 @@ MIN_STEPS = 5  # fewer steps: no typical period, the viewer says "warming up"
 # loader that cannot start) shows where; one that compiles shows that too.
 FIRST_STEPS_STALL_S = 30.0
 MAX_FRAMES = 32
+# The watched loop's own file: a frame of it on the training thread's stack is a fetch of
+# the next batch in progress (between steps its generators are suspended, on no stack).
+# Its C-timed steps leave no such frame: there the clock says it (``take_stack``'s
+# ``fetching``). Imported from one directory, the two modules' paths share a prefix.
+WATCH_FILE = os.path.join(os.path.dirname(__file__), "watch.py")
 MAX_FILE = 256
 MAX_FUNCTION = 128
 MAX_CODE = 200
@@ -79,16 +85,27 @@ def frames_of(frame: FrameType | None, limit: int = MAX_FRAMES) -> tuple[tuple[F
     return tuple(out), left_out
 
 
+def runs_in(frame: FrameType | None, path: str) -> bool:
+    """Whether any frame from ``frame`` outwards runs code of file ``path`` (all of the
+    stack, not only the frames a ``stack`` message keeps)."""
+    while frame is not None:
+        if frame.f_code.co_filename == path:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def capture(
     thread_id: int,
     current_frames: Callable[[], dict[int, FrameType]] = sys._current_frames,
-) -> tuple[tuple[Frame, ...], int] | None:
-    """The stack of thread ``thread_id`` now (see :func:`frames_of`); None if it is gone."""
+) -> tuple[tuple[Frame, ...], int, bool] | None:
+    """The stack of thread ``thread_id`` now (see :func:`frames_of`) and whether a frame
+    of the watched loop is on it (a fetch in progress); None if the thread is gone."""
     frame = current_frames().get(thread_id)
     if frame is None:
         return None
     try:
-        return frames_of(frame)
+        return (*frames_of(frame), runs_in(frame, WATCH_FILE))
     finally:
         del frame  # a frame reference keeps every local of that thread alive
 
@@ -131,11 +148,12 @@ def take_stack(
     source_id: str, thread_id: int, stalled_s: float, step_index: int, fetching: bool = False
 ) -> Stack | None:
     """The ``stack`` message for thread ``thread_id`` now; None if it cannot be taken
-    (the thread ended). Called by the publisher thread only."""
+    (the thread ended). ``fetching``: the clock of a C-timed segment says a fetch is in
+    progress. Called by the publisher thread only."""
     taken = capture(thread_id)
     if taken is None:
         return None
-    frames, left_out = taken
+    frames, left_out, in_watch = taken
     thread = next((t.name for t in threading.enumerate() if t.ident == thread_id), None)
     return Stack(
         source_id=source_id,
@@ -145,5 +163,5 @@ def take_stack(
         frames=frames,
         left_out=left_out,
         thread=cut_tail(thread, 200) if thread else None,
-        fetching=fetching,
+        fetching=fetching or in_watch,
     )

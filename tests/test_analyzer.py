@@ -472,6 +472,26 @@ CASES: dict[str, Case] = {
         "warning",
         None,
     ),
+    "not gpu-memory-full: hl-smi stopped updating, its last figures are stale": (
+        lambda: window(
+            make_steps(wait=0.001),
+            hpus=(
+                HpuSample(
+                    0,
+                    "HL-325L",
+                    "u",
+                    state="stale",
+                    error="stale: no update for 12 s",
+                    util_pct=90.0,
+                    mem_used_bytes=96,
+                    mem_total_bytes=100,
+                ),
+            ),
+        ),
+        "compute-bound",
+        "ok",
+        None,
+    ),
     "throttling: hw_thermal": (
         lambda: window(make_steps(wait=0.001), gpus=(gpu(reasons=("hw_thermal",)),)),
         "throttling",

@@ -856,13 +856,14 @@ def last_system(events: list[SourceEvent]) -> Received:
     )
 
 
-def stale_hpus(events: list[SourceEvent]) -> Received:
+def stale_hpus(
+    events: list[SourceEvent], state: str = "stale", error: str = "stale: no update for 12 s"
+) -> Received:
     """hl-smi stopped updating: its rows marked stale, its status says why."""
     last = last_system(events)
     assert isinstance(last.message, System)
     sample = last.message.sample
-    stale = "stale: no update for 12 s"
-    hpus = tuple(replace(h, error=stale) for h in sample.hpus)
+    hpus = tuple(replace(h, state=state, error=error) for h in sample.hpus)
     message = "hl-smi data stale: no update for 12 s (hl-smi timed out after 2 s)"
     statuses = tuple(
         SourceStatus("hl-smi", False, message, FAILING) if s.source == "hl-smi" else s
@@ -886,6 +887,25 @@ async def test_stale_gaudi_figures_are_not_shown_as_live(size: tuple[int, int]) 
         assert "no Gaudi" not in shown
         assert "70.5/96.0G" not in shown and " 41%" not in shown  # no old figure as live
         assert shown.count("stale") >= 8
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "as_live"),
+    [
+        ("stale", "no update for 12 s", False),  # the state decides, whatever the words
+        ("ok", "stale: a word from the device", True),  # words alone change nothing
+    ],
+)
+async def test_the_sample_state_decides_whether_figures_are_stale(
+    state: str, error: str, as_live: bool
+) -> None:
+    events = live_run(NOW, gpu_count=0, hpu_count=2)
+    app, source, _ = make_app()
+    async with app.run_test(size=WIDE) as pilot:
+        await feed(pilot, source, [*events, stale_hpus(events, state, error)])
+        shown = text(app.accelerators)
+        assert ("70.5/96.0" in shown) == as_live, shown
+        assert shown.count(error) >= 2, shown  # each row says what is wrong
 
 
 def test_a_failed_nvml_call_is_not_n_a() -> None:

@@ -471,7 +471,8 @@ def test_stalled_loop_is_marked_stale_then_restarted(
         wait_for(col, lambda g: g[1].ok)
         hpus, status = wait_for(col, lambda g: "stale" in g[1].message)
         assert not status.ok and status.message.startswith("hl-smi data stale: no update for")
-        assert len(hpus) == 8 and all((h.error or "").startswith("stale") for h in hpus)
+        assert len(hpus) == 8 and {h.state for h in hpus} == {"stale"}
+        assert all((h.error or "").startswith("stale: no update for") for h in hpus)
         wait_for(col, lambda g: len(pids(env)) >= 2 and g[1].ok)  # killed and restarted
     finally:
         col.close()

@@ -11,7 +11,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
@@ -151,8 +151,8 @@ LIB = Frame("/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 
 LIB_SHOWN = f"  at …{LIB.file[-59:]}:1 in next(): x"  # the path's end, 60 characters
 
 
-def stack(*frames: Frame, index: int = 10) -> Stack:
-    return Stack("h:1", T0 + 40, index, 20.0, frames, thread="MainThread")
+def stack(*frames: Frame, index: int = 10, fetching: bool = False) -> Stack:
+    return Stack("h:1", T0 + 40, index, 20.0, frames, thread="MainThread", fetching=fetching)
 
 
 @pytest.mark.parametrize(
@@ -286,7 +286,8 @@ def test_a_stall_in_the_loaders_next_says_the_loop_waits_for_a_batch() -> None:
     loader = LoaderInfo("torch.DataLoader", 2, False, 32, 2, True, worker_pids=(4001, 4002))
     h = replace(hello(), loader=loader)
     allowed = stuck.Ptrace(True, "")
-    window = Window(T0 + 60, steps(), (), h, stack(LIB, LIB, WATCH, LOOP), allowed)
+    fetch = stack(LIB, LIB, WATCH, LOOP, fetching=True)
+    window = Window(T0 + 60, steps(), (), h, fetch, allowed)
     verdict = analyze(window)
     assert verdict.kind == "stalled"
     assert verdict.headline.startswith("Stalled: no batch for"), verdict.headline
@@ -429,6 +430,47 @@ def test_a_first_step_that_hangs_gets_its_stack(monkeypatch: pytest.MonkeyPatch)
     (stack,) = stacks_sent(train)
     assert stack.step_index == 0 and stack.stalled_s >= 1.0, stack
     assert any(f.code.endswith("# FIRST STEP HANGS HERE") for f in stack.frames), stack.frames
+    assert not stack.fetching  # the step's compute hangs, not the loader
+
+
+def _sleep_deep(depth: int, seconds: float) -> None:
+    if depth:
+        _sleep_deep(depth - 1, seconds)
+    else:
+        time.sleep(seconds)
+
+
+def _hangs_at(n: int, seconds: float) -> Iterator[int]:
+    """A loader with no length (counted, not planned) whose batch ``n`` hangs, deeper
+    than the frames a stack message keeps."""
+    for i in range(400):
+        if i == n:
+            _sleep_deep(stacks.MAX_FRAMES, seconds)
+        yield i
+
+
+@pytest.mark.parametrize(
+    ("hanging", "first_steps"),
+    [(0, True), (3, True), (200, False)],  # Python-timed steps; then a counting segment
+)
+def test_a_hang_in_a_fetch_with_the_probes_frame_on_the_stack_is_a_fetch(
+    monkeypatch: pytest.MonkeyPatch, hanging: int, first_steps: bool
+) -> None:
+    """The probe says "fetching" from its own frame on the stack, all of it (not only the
+    frames the message keeps): the viewer reads that one fact."""
+    monkeypatch.setattr(stacks, "STALL_MIN_S", 0.5)
+    monkeypatch.setattr(stacks, "FIRST_STEPS_STALL_S", 1.0)
+
+    def train(p: Any) -> None:
+        for i in p.watch(_hangs_at(hanging, 3.0)):
+            time.sleep(0.002)
+            if i == 30:
+                assert p._segment is not None  # C-timed by now
+
+    (stack,) = stacks_sent(train)
+    assert {f.function for f in stack.frames} == {"_sleep_deep"} and stack.left_out > 0
+    assert stack.fetching
+    assert (stack.step_index < 5) == first_steps, stack.step_index
 
 
 def test_a_hang_in_a_dataloaders_fetch_between_c_timed_steps_is_a_fetch(
@@ -459,8 +501,8 @@ def test_a_hang_in_a_dataloaders_fetch_between_c_timed_steps_is_a_fetch(
 
     (stack,) = stacks_sent(train)
     assert any(f.code.endswith("# SAMPLE 200 HANGS HERE") for f in stack.frames), stack.frames
-    assert not any(f.file.endswith(stuck.FETCHING_MARK) for f in stack.frames)
-    assert stack.fetching and stuck.fetching(stack)
+    assert not any(f.file == stacks.WATCH_FILE for f in stack.frames)
+    assert stack.fetching
     window = Window(stack.time, steps(50), (), hello(), stack, None)
     assert analyze(window).headline.startswith("Stalled: no batch for")
 

@@ -45,7 +45,6 @@ from gputop_dl.tui.analysis.steps import (
 from gputop_dl.tui.analysis.stuck import (
     Ptrace,
     current,
-    fetching,
     pyspy_advice,
     stack_evidence,
     workers_pyspy_advice,
@@ -531,8 +530,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     pid = window.hello.pid if window.hello is not None else None
     host = window.hello.host if window.hello is not None else None
     pyspy = f"otherwise see where it hangs: py-spy dump{'' if pid is None else f' --pid {pid}'}"
-    if stack is not None and fetching(stack):
-        # Inside the loader's next(): the loop waits for a batch that does not come.
+    if stack is not None and stack.fetching:
+        # Inside the loader's next() (the probe's fact, from its clock or its own frame
+        # on the stack): the loop waits for a batch that does not come.
         loader = hello.loader if hello is not None else None
         workers = loader.worker_pids if loader is not None else ()
         advice: tuple[str, ...] = (

@@ -15,7 +15,8 @@ Failure handling, all reported through ``SourceStatus`` in words a user can act 
 * non-zero exit -> the first line of its stderr; if ``power.max`` was queried (a
   version-dependent field) the query is retried once without it;
 * output that is not the CSV we asked for -> "hl-smi printed unparseable output: ...";
-* the loop child goes quiet for more than 3 intervals -> data is marked stale, and a
+* the loop child goes quiet for more than 3 intervals -> its last rows are sent with
+  ``state="stale"`` (a fact for the viewer, which neither shows nor judges them as live), and a
   little later the child is killed and restarted;
 * a loop child whose output never arrives (a tool that block-buffers a pipe) -> fall back
   to one timed call per interval, which gets its output at exit.
@@ -421,7 +422,10 @@ class HlSmiCollector:
                 if age > 3 * self._period_s():
                     stale = f"no update for {age:.0f} s"
                     message = f"hl-smi data stale: {stale}" + (f" ({problem})" if problem else "")
-                    marked = tuple(replace(s, error=f"stale: {stale}") for s in samples)
+                    marked = tuple(
+                        replace(s, state="stale", error=f"stale: {stale}") if s.state == "ok" else s
+                        for s in samples
+                    )
                     return marked, SourceStatus(SOURCE, False, message, FAILING)
             if problem:
                 return samples, SourceStatus(SOURCE, False, problem, problem_state)

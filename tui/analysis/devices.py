@@ -95,8 +95,7 @@ def device_states(
         for g in s.gpus:
             gpus.setdefault((s.host, g.index), []).append(g)
         for h in s.hpus:
-            if h.state == "ok":
-                hpus[(s.host, h.index)] = h  # samples are oldest first: newest wins
+            hpus[(s.host, h.index)] = h  # samples are oldest first: newest wins
 
     def label(kind: str, host: str, index: int) -> str:
         return f"{kind} {index}" if len(hosts) < 2 else f"{host} {kind} {index}"
@@ -123,7 +122,9 @@ def device_states(
             )
         )
     for (host, index), h in sorted(hpus.items()):
-        if own is not None and own != ("HPU", index):
+        # A lost HPU, or one whose figures hl-smi stopped updating, is not judged on the
+        # figures it had: a hung hl-smi's last "util 0 %" is no starved device.
+        if h.state != "ok" or (own is not None and own != ("HPU", index)):
             continue
         states.append(
             DeviceState(

@@ -16,9 +16,6 @@ SHOWN_PATH = 60  # characters of a path in the evidence, its end kept
 # where the user's code waits, named too when it is not among the innermost frames.
 # gputop's own frames too (an editable install or a checkout is not under site-packages).
 LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/gputop_dl/")
-# The watched loop's own frame: on the stack only while the loop fetches its next batch
-# (between steps it is a suspended generator, which no thread's stack holds).
-FETCHING_MARK = "/gputop_dl/probe/watch.py"
 USER_FRAME = "your code: "  # leads the line of the user's innermost frame
 
 
@@ -32,12 +29,6 @@ class Ptrace:
 
 def is_library(frame: Frame) -> bool:
     return any(mark in frame.file for mark in LIBRARY_MARKS)
-
-
-def fetching(stack: Stack) -> bool:
-    """The training thread is inside the watched loader's next(): waiting for a batch.
-    The probe says so where its C-timed steps leave no frame of its own on the stack."""
-    return stack.fetching or any(frame.file.endswith(FETCHING_MARK) for frame in stack.frames)
 
 
 def where(frame: Frame) -> str:

@@ -29,7 +29,7 @@ SOURCE_KINDS = {"nvml": "GPU", "hl-smi": "HPU"}
 COMPACT_PROBLEMS = 2  # a short screen's lines for devices with errors, then a count
 PROBLEM_SHOWN = 48  # columns of a device's problem in its row (all of it in the sample)
 SOURCE_NAMES = {"nvml": "NVML", "hl-smi": "hl-smi"}
-STALE = "stale"  # hl-smi's rows when it stopped updating: "stale: no update for 12 s"
+STALE = "stale"  # what a device's cell says when its source stopped updating
 # A per-field error's function, as the row names the field ("util: Unknown Error")
 FIELD_WORDS = (
     ("Utilization", "util"),
@@ -75,11 +75,7 @@ class Device:
     pcie_rx_bps: float | None = None
     pcie_tx_bps: float | None = None
     throttle: tuple[str, ...] = ()
-
-    @property
-    def stale(self) -> bool:
-        """Its figures are the last ones its source gave, seconds old."""
-        return self.problem is not None and self.problem.startswith(STALE)
+    stale: bool = False  # its figures are the last ones its source gave, seconds old
 
 
 def field_errors(error: str | None) -> str | None:
@@ -134,6 +130,7 @@ def _hpu(hpu: HpuSample) -> Device:
         hpu.power_w,
         hpu.power_max_w,
         hpu.temperature_c,
+        stale=hpu.state == "stale",
     )
 
 
@@ -225,6 +222,11 @@ class AcceleratorsPanel(Panel):
         kind = SOURCE_KINDS[source]
         return any(d.kind == kind for d in self.devices)
 
+    def _present(self, status: SourceStatus) -> bool:
+        """The source has devices here (on screen, or ones it failed to read): its problem
+        is a warning, not "no Gaudi", and a short screen keeps a line for it."""
+        return self._has(status.source) or status.state != ABSENT
+
     def _status_line(self, status: SourceStatus) -> Text:
         """A source's problem: "no Gaudi: hl-smi not installed" when there is none to
         read, a warning naming it when its devices are on screen (their figures may be
@@ -232,7 +234,7 @@ class AcceleratorsPanel(Panel):
         message = status.message or "not available"
         if status.state == STARTING:
             return Text(f"{SOURCE_NAMES[status.source]}: {message}", self.style("panel--dim"))
-        if self._has(status.source) or status.state != ABSENT:
+        if self._present(status):
             return Text(f"⚠ {SOURCE_NAMES[status.source]}: {message}", self.style("panel--warning"))
         return Text(f"{MISSING_SOURCES[status.source]}: {message}", self.style("panel--dim"))
 
@@ -264,9 +266,7 @@ class AcceleratorsPanel(Panel):
         # A source whose devices are shown, or that failed to read them, says what is
         # wrong even here (a stale hl-smi's figures look live otherwise); absent ones
         # do not take a line.
-        problems = [
-            self._status_line(s) for s in self.statuses if self._has(s.source) or s.state != ABSENT
-        ]
+        problems = [self._status_line(s) for s in self.statuses if self._present(s)]
         if len(self.devices) <= COMPACT_ONE_A_LINE:
             rows = [self._row(d, width, not self._same_names()) for d in self.devices]
             return rows + problems
