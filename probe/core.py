@@ -103,6 +103,7 @@ LOOP_MESSAGES_PER_FLUSH = 2
 REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYSTEMS + 1
 SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
+PASS_STARTS_KEPT = 16  # Hello.pass_starts: more than a viewer's step window holds
 MAX_PHASES = 64  # named phases per step on the wire (docs/protocol.md, "Limits")
 OTHER_PHASES = "(other phases)"  # the sum of a step's phases past the 63 longest
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
@@ -310,6 +311,9 @@ class Probe:
         self._loop_exit: str | None = None
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
+        # The first step's index of each of the last watched passes (Hello.pass_starts): a
+        # viewer tells the waits a pass's start costs from the rest.
+        self._pass_starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -434,6 +438,9 @@ class Probe:
         now = time.time()
         self._train_thread = threading.get_ident()
         self._passes += 1
+        first = self._index_now()  # an inner loop's too: its steps are steps as well
+        if not self._pass_starts or self._pass_starts[-1] != first:  # (an empty pass)
+            self._pass_starts.append(first)
         outer = self._segment
         if outer is not None:  # a loop inside a C-timed one: its open step is dropped
             outer.gate.clear()  # the outer chain stops before its next clock reading
@@ -644,6 +651,7 @@ class Probe:
             cpu_quota_cores=self._quota,
             device=self._device,
             job=ident.job,
+            pass_starts=tuple(self._pass_starts),
         )
 
     def _gather_facts(self) -> None:

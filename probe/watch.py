@@ -150,6 +150,9 @@ class Watched(Generic[T]):
         # How the last fetch raised, until the training asks again (a counting stretch,
         # a generator of its own, notes it here too).
         raised: list[str] = []
+        # A pass's first step waits from here: iter() of a DataLoader starts its workers
+        # (a fork each, then their init), which is the loop's wait for data too.
+        t0 = time.perf_counter()
         # A loader that cannot start raises here, before the pass is entered: a pass
         # left without being entered ended the count of a loop running around this one.
         iterator = iter(self._iterable)
@@ -177,7 +180,6 @@ class Watched(Generic[T]):
             checked = False  # the first batch's count held against the plan
             stretch: Iterator[Any] | None
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
-                t0 = perf()
                 while True:
                     try:
                         batch = next(iterator)
@@ -260,6 +262,7 @@ class Watched(Generic[T]):
                         break  # on in Python: the fetch after the one that raised
                     if in_fetch:
                         return  # exhausted (the fetch found the loader empty)
+                t0 = perf()  # on in Python: after a fetch that raised, or inside another loop
         except GeneratorExit:
             # The chain was let go of: the loop left by `break`, or after the loader
             # raised (the training did not ask again). In a C-timed stretch its exception

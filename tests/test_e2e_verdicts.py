@@ -57,6 +57,7 @@ def verdict_of(snap: dict[str, Any]) -> dict[str, Any]:
         ("input-bound", "input-bound", {"few-workers"}),
         ("compute-bound", "compute-bound", {None}),
         ("disk-bound", "input-bound", {"disk"}),
+        ("worker-restarts", "input-bound", {"worker-restarts"}),
     ],
 )
 def test_scenario_gives_the_right_verdict(

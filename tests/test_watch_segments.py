@@ -831,3 +831,40 @@ def test_a_counted_pass_holds_no_batch_the_loop_has_moved_past(
         del batch
     assert most == 1, f"{most} batches alive at once"  # only the one in hand
     assert [r["samples"] for r in published(p, reader)] == [8] * 300
+
+
+START_S = 0.3  # SlowStart: what each pass's iter() takes
+
+
+class SlowStart:
+    """A loader that takes START_S to start every pass (a DataLoader forking its workers,
+    a dataset opening its shards), then gives ``n`` batches."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        time.sleep(START_S)
+        return iter(batches(self.n))
+
+
+def test_a_pass_start_is_the_first_steps_wait_and_the_hello_names_it(p: probe.Probe) -> None:
+    """The first step of a pass waits from the pass's start, iter() included (a
+    DataLoader's workers are forked there: that time was in no step), and the hello
+    names the steps that began a pass: the training loop's, and an evaluation loop's run
+    inside one of its steps (its steps are steps too)."""
+    reader = attached(p)
+    train, val = p.watch(SlowStart(30)), p.watch(SlowStart(2))
+    for _ in range(3):
+        for i, _ in enumerate(train):
+            if i == 12:
+                for _ in val:  # an evaluation inside a step
+                    pass
+    starts = p.hello().pass_starts
+    rows = published(p, reader)
+    assert len(starts) == 6 and starts[0] == 0, starts
+    slow = [r["index"] for r in rows if r["wait_s"] >= 0.9 * START_S]
+    assert slow == list(starts), (slow, starts)
+    for r in rows:
+        if r["index"] in starts:
+            assert r["period_s"] >= r["wait_s"] >= 0.9 * START_S, r

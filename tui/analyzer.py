@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from gputop_dl.probe.messages import MARKED, Hello, LoaderInfo, Stack, StepRecord
@@ -75,6 +76,7 @@ from gputop_dl.tui.analysis.thresholds import (
     OTHER_NAMED_MIN_PCT,
     OUTSIDE_SHOW_S,
     OVERHEAD_MAX_UTIL_PCT,
+    PASS_START_SHARE,
     PCIE_RX_HIGH_BPS,
     PERSIST_S,
     PERSIST_UPDATES,
@@ -191,6 +193,8 @@ def _headroom(stats: StepStats, what: str, share: float) -> str | None:
 def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     """What the advice can buy: the loading's measured CPU cost per sample times the cores
     the advice gives it, and never more than the step without any data wait."""
+    if cause.share_removed is not None:
+        return _headroom(stats, "those waits", cause.share_removed)
     plain = _headroom(stats, "the data wait", share)
     loaders = cause.waiting_loaders_after
     if plain is not None and loaders is not None and loaders > 1:
@@ -249,7 +253,11 @@ def _wait_lines(stats: StepStats, workers: int | None = None) -> list[str]:
     median = stats.median_wait_s
     # Rounds of batches: workers each deliver one in turn. Without two of them, waits
     # that vary are the batches' own (their sizes, their items), not rounds.
+    # Nor are waits at the starts of passes (said by the pass-start cause).
     rounds = workers is not None and workers >= 2
+    starts = stats.pass_start_share
+    if starts is not None and starts >= PASS_START_SHARE:
+        rounds = False
     if rounds and median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
         lines.append(
             f"waits come in bursts (median step waits {fmt.dur(median)}): batches arrive "
@@ -617,7 +625,9 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
     prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
     hello = ctx.window.hello
     expected = hello is not None and hello.host_sampler
-    cause = input_cause(ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected)
+    cause = input_cause(
+        ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected, stats
+    )
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
     confidence = _share_confidence(ctx, lambda s: s >= exit_at) * _margin(share, threshold, 0.10)
@@ -1010,18 +1020,20 @@ def _band(share: float | None, previous: Verdict | None) -> tuple[str, str]:
 _BANDS = (("compute-bound", "ok"), ("input-bound", "info"), ("input-bound", "warning"))
 
 
-def _stable_stats(steps: list[StepRecord], previous: Verdict | None) -> StepStats:
+def _stable_stats(
+    steps: list[StepRecord], previous: Verdict | None, pass_starts: AbstractSet[int]
+) -> StepStats:
     """The last STEP_WINDOW_S decide, unless they would lower the input-bound verdict shown
     while the last STABLE_WINDOW_S still support it: then the longer window's figures are
     the ones judged and shown. A rising wait is shown fast, an easing one only once it
     has eased for a while (a loader delivering in rounds swings the short window)."""
-    short = step_stats(steps)
+    short = step_stats(steps, pass_starts=pass_starts)
     if previous is None or previous.kind != "input-bound":
         return short
     shown = (previous.kind, previous.severity)
     if _BANDS.index(_band(short.lost_share, previous)) >= _BANDS.index(shown):
         return short
-    stable = step_stats(steps, STABLE_WINDOW_S)
+    stable = step_stats(steps, STABLE_WINDOW_S, pass_starts)
     return stable if _band(stable.lost_share, previous) == shown else short
 
 
@@ -1082,7 +1094,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     ctx = _Ctx(
         window=window,
         previous=previous,
-        stats=_stable_stats(steps, previous),
+        stats=_stable_stats(steps, previous, frozenset(hello.pass_starts if hello else ())),
         host=host_stats(
             window.systems,
             hello.host if hello else None,

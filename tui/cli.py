@@ -37,7 +37,7 @@ from gputop_dl.tui.state.clean import clean_text
 from gputop_dl.tui.stopsignals import StopSignals
 
 COMMANDS = ("demo", "agent", "snapshot", "list", "exporter", "record", "export", "relay", "keys")
-SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall")
+SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall", "worker-restarts")
 INSTRUMENT_HINT = (
     "instrument a training script with: "
     "from gputop_dl import probe; for batch in probe.watch(loader): ..."

@@ -3,6 +3,9 @@
 The rules are tried in order; the first one whose evidence holds wins:
 
 1. memory        sustained swap-in (everything else is slowed by it)
+   worker-restarts / pass-start
+                 the first steps of passes hold most of the wait (the probe's pass starts):
+                 workers started again each epoch, or a loader's costly start
 2. cpu-quota     the container's CPU quota throttles the loader
 3. disk          the data disk is busy (>= DISK_BUSY_ENTER)
 4. network-storage  the dataset is on a network filesystem and the loader is not CPU-bound
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from gputop_dl.probe.messages import LoaderInfo
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.host import HostStats, is_network_fs
+from gputop_dl.tui.analysis.steps import StepStats
 from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
@@ -41,6 +45,7 @@ from gputop_dl.tui.analysis.thresholds import (
     OTHER_NAMED_MIN_PCT,
     OTHERS_CPU_SHARE,
     OTHERS_CPU_SHARE_BAND,
+    PASS_START_SHARE,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
     SWAP_IN_EXIT_BPS,
@@ -73,6 +78,9 @@ class Cause:
     # would wait side by side with the advice (today: one, the main process). Each keeps
     # today's pace, so the headroom is that many times it, not a CPU cost.
     waiting_loaders_after: int | None = None
+    # The share of step time the advice takes away when it is not all of the data wait
+    # (the waits at pass starts only): the headroom is the rate without that share.
+    share_removed: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class Context:
     framework: str | None = None  # hello.framework: whose knob the advice names
     wait_share: float | None = None  # the loop's data wait / step time (main loads then)
     samples_expected: bool = False  # the run samples its node (hello.host_sampler)
+    steps: StepStats | None = None  # the window's step figures (the waits at pass starts)
 
     @property
     def enough_host(self) -> bool:
@@ -285,6 +294,61 @@ def _quota_line(h: HostStats) -> str:
 
 def _merge(first: list[str], rest: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(first + rest))
+
+
+def _pass_start(ctx: Context) -> Cause | None:
+    """Most of the wait is in the first steps of passes (the probe says which steps began
+    one): each epoch waits for its loader to start. With workers not kept between passes
+    that start is theirs: a fork and an init each, every epoch."""
+    stats = ctx.steps
+    share = stats.pass_start_share if stats is not None else None
+    if stats is None or share is None or share < PASS_START_SHARE:
+        return None
+    n = stats.pass_start_steps
+    each = stats.pass_start_wait_s / n
+    passes = "a pass started" if n == 1 else f"{n} passes started"
+    line = (
+        f"the first batch of a pass waited {fmt.dur(each)}{' on average' if n > 1 else ''} "
+        f"({passes} in the window): {fmt.pct(share)} of the data wait"
+    )
+    removed = stats.pass_start_wait_s / stats.span_s if stats.span_s > 0 else None
+    loader = ctx.loader
+    workers = loader.num_workers if loader is not None else None
+    if loader is not None and loader.persistent_workers is False and workers:
+        return Cause(
+            "worker-restarts",
+            0.85,
+            "the loader's workers start again at every pass (persistent_workers=False)",
+            _merge(
+                [
+                    line,
+                    f"num_workers={workers}, persistent_workers=False: every pass (epoch) "
+                    "forks the workers again and waits for their first batches",
+                ],
+                host_evidence(ctx),
+            ),
+            (
+                f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: the workers "
+                "start once, not at every pass",
+                "make a worker's start cheaper (worker_init_fn, a dataset that opens files "
+                "or loads an index when a worker starts)",
+            ),
+            share_removed=removed,
+        )
+    return Cause(
+        "pass-start",
+        0.7,
+        "each pass waits for its loader to start",
+        _merge([line], host_evidence(ctx)),
+        (
+            "what the loader does before a pass's first batch runs at every pass (files "
+            "opened, an index loaded or shuffled, a generator's set-up): do it once, "
+            "outside the loop",
+            "a loader with workers: the first batches of a pass are not prefetched "
+            "during the previous one; more passes of fewer steps make this worse",
+        ),
+        share_removed=removed,
+    )
 
 
 def _memory(ctx: Context) -> Cause | None:
@@ -745,6 +809,7 @@ def _unknown(ctx: Context) -> Cause:
 
 RULES: tuple[Callable[[Context], Cause | None], ...] = (
     _memory,
+    _pass_start,
     _cpu_quota,
     _disk_busy,
     _network,
@@ -761,8 +826,9 @@ def input_cause(
     framework: str | None = None,
     wait_share: float | None = None,
     samples_expected: bool = False,
+    steps: StepStats | None = None,
 ) -> Cause:
-    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected)
+    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected, steps)
     for rule in RULES:
         cause = rule(ctx)
         if cause is not None:

@@ -10,6 +10,8 @@ Scenarios set the truth by construction:
   balanced       two loader workers, a medium CNN
   disk-bound     raw image files read with the page cache dropped before every read
   stall          balanced, then one step hangs for --stall-after/--stall-seconds
+  worker-restarts  short epochs from two workers not kept between them
+                 (persistent_workers=False), each taking 0.5 s to start
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gputop_dl import probe
 
-SCENARIOS = ("input-bound", "compute-bound", "balanced", "disk-bound", "stall", "bench")
+SCENARIOS = (
+    "input-bound",
+    "compute-bound",
+    "balanced",
+    "disk-bound",
+    "stall",
+    "worker-restarts",
+    "bench",
+)
+WORKER_START_S = 0.5  # worker-restarts: what opening a dataset's shards costs a worker
 CROP = 64
 
 
@@ -127,6 +138,12 @@ class RawFolder(Dataset[Any]):
         return augment(arr, self.rng), i % 10
 
 
+def open_shards(_worker: int) -> None:
+    """A worker's start (its ``worker_init_fn``): a dataset opening and indexing its
+    shards, as real ones do, every time a worker starts."""
+    time.sleep(WORKER_START_S)
+
+
 def cnn(width: int, depth: int) -> nn.Module:
     layers: list[nn.Module] = []
     channels = 3
@@ -167,6 +184,19 @@ def build(scenario: str, data_root: Path, batch: int) -> tuple[DataLoader[Any], 
             TensorDataset(xs, ys), batch_size=batch, shuffle=True, num_workers=0
         )
         return loader, cnn(8, 1)
+    if scenario == "worker-restarts":
+        # epochs of 8 steps; each starts two workers again (the torch default)
+        xs = torch.randn(256, 3, CROP, CROP)
+        ys = torch.randint(0, 10, (256,))
+        loader = DataLoader[Any](
+            TensorDataset(xs, ys),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=False,
+            worker_init_fn=open_shards,
+        )
+        return loader, cnn(8, 2)
     if scenario == "disk-bound":
         # ~56 MB read from the disk per step of 32, and little else to do
         paths = make_raw(data_root / "raw768", 192, 768)
