@@ -306,11 +306,16 @@ def _pass_start(ctx: Context) -> Cause | None:
         return None
     n = stats.pass_start_steps
     each = stats.pass_start_wait_s / n
-    passes = "a pass started" if n == 1 else f"{n} passes started"
-    line = (
-        f"the first batch of a pass waited {fmt.dur(each)}{' on average' if n > 1 else ''} "
-        f"({passes} in the window): {fmt.pct(share)} of the data wait"
-    )
+    if n == 1:
+        line = (
+            f"the first batch of the last pass waited {fmt.dur(each)}: {fmt.pct(share)} of "
+            "the data wait since"
+        )
+    else:
+        line = (
+            f"the first batch of a pass waited {fmt.dur(each)} on average over the last {n} "
+            f"passes: {fmt.pct(share)} of the data wait since the first of them"
+        )
     removed = stats.pass_start_wait_s / stats.span_s if stats.span_s > 0 else None
     loader = ctx.loader
     workers = loader.num_workers if loader is not None else None

@@ -52,8 +52,8 @@ class StepStats:
     h2d_share: float | None  # copy phases / period; None when no step has such a phase
     h2d_phase: str | None  # the phase name that matched
     # Steps of the window that began a pass (Hello.pass_starts), and their data wait
-    # against all of the window's: what a pass's start costs (workers restarted, a
-    # loader's iter()). Zero without the probe's fact.
+    # against the window's from the oldest pass start listed: what a pass's start costs
+    # (workers restarted, a loader's iter()). Zero without the probe's fact.
     pass_start_steps: int = 0
     pass_start_wait_s: float = 0.0
     waited_s: float = 0.0
@@ -168,11 +168,15 @@ def step_stats(
     # the same result (NaN included), without a call per step.
     waits = [p if (p := s.period_s) < (w := s.wait_s or 0.0) else w for s in waited]
     wait_share = _share(waits, [s.period_s for s in waited])
-    at_starts = (
-        [w for s, w in zip(waited, waits, strict=True) if s.index in pass_starts]
-        if pass_starts
-        else []
+    # The probe lists the last few pass starts only: judged over the steps from the
+    # oldest one listed (a window of many tiny passes holds more than it lists).
+    since = min(pass_starts) if pass_starts else None
+    covered = (
+        []
+        if since is None
+        else [(s, w) for s, w in zip(waited, waits, strict=True) if s.index >= since]
     )
+    at_starts = [w for s, w in covered if s.index in pass_starts]
 
     counted = [s for s in kept if s.samples is not None]
     samples = sum(s.samples or 0 for s in counted)
@@ -222,7 +226,7 @@ def step_stats(
         h2d_phase=copy_names[0] if copy_names else None,
         pass_start_steps=len(at_starts),
         pass_start_wait_s=sum(at_starts),
-        waited_s=sum(waits),
+        waited_s=sum(w for _, w in covered),
     )
 
 
