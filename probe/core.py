@@ -305,6 +305,9 @@ class Probe:
         self._host_only = False
         self._device_index: tuple[str, int | None, str | None] | None = None  # kind, idx, uuid
         self._loader_info: LoaderInfo | None = None
+        # The loader of each pass around the current one: an evaluation loop's loader
+        # is described while it runs, the training's again when it ends.
+        self._outer_loaders: list[LoaderInfo | None] = []
         self._framework: str | None = None
         self._loop = "not-started"
         self._loop_since: float | None = None
@@ -449,6 +452,7 @@ class Probe:
         # they hold); a new hello only for what else changed: the loader (each epoch's
         # worker pids) or the framework. A hello a pass cost the publisher ~0.25 ms each
         # for loops of short passes (bench/short_passes.py).
+        self._outer_loaders.append(self._loader_info)
         if info is not None and info != self._loader_info:
             self._loader_info = info
             if info.dataset_path and self._sampler is not None:
@@ -467,10 +471,17 @@ class Probe:
         self._passes = max(0, self._passes - 1)
         if self._segment is not None:  # break or an exception inside a C-timed pass
             self._end_segment(self._segment, close=False)
+        outer = self._outer_loaders.pop() if self._outer_loaders else None
         if self._passes:
             # A loop inside another ended (an evaluation inside the training loop): the
             # training loop goes on; "outside" here told viewers it had left, for the rest
-            # of the epoch.
+            # of the epoch. Its loader is the one judged again (its workers, not the
+            # evaluation's, which may be gone).
+            if outer is not None and outer != self._loader_info:
+                self._loader_info = outer
+                if outer.dataset_path and self._sampler is not None:
+                    self._sampler.set_data_path(outer.dataset_path)
+                self._hello_dirty.set()
             self._mark_loop("in-loop", None, now)
         else:
             self._mark_loop("outside", how, now)

@@ -301,3 +301,20 @@ def test_sampler_checks_the_data_path_on_its_own_thread(tmp_path: Path) -> None:
         assert str(tmp_path) in status.message
     finally:
         sampler.close()
+
+
+def test_the_training_loader_is_described_again_when_an_inner_loop_ends(p: Recording) -> None:
+    """An evaluation loop watched inside a training step described its own loader in the
+    hello for the rest of the epoch: its workers (gone) judged as the training's."""
+    train = p.watch(tensor_loader(n=40, num_workers=2, persistent_workers=True))
+    val = p.watch(tensor_loader(n=8))
+    during = after = None
+    for i, _ in enumerate(train):
+        if i == 3:
+            for _ in val:
+                during = p.hello().loader
+            after = p.hello().loader
+    assert during is not None and during.num_workers == 0, during
+    assert after is not None and after.num_workers == 2 and len(after.worker_pids) == 2, after
+    assert p.worker_pids() == frozenset(after.worker_pids)
+    assert not p._outer_loaders  # one entry a pass, none left after it
