@@ -314,8 +314,8 @@ class Probe:
         self._loop_exit: str | None = None
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
-        # The first step's index of each of the last watched passes (Hello.pass_starts): a
-        # viewer tells the waits a pass's start costs from the rest.
+        # The first step's index of each of the last passes of the outermost watched loop
+        # (Hello.pass_starts): a viewer tells the waits a pass's start costs from the rest.
         self._pass_starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
@@ -441,9 +441,10 @@ class Probe:
         now = time.time()
         self._train_thread = threading.get_ident()
         self._passes += 1
-        first = self._index_now()  # an inner loop's too: its steps are steps as well
-        if not self._pass_starts or self._pass_starts[-1] != first:  # (an empty pass)
-            self._pass_starts.append(first)
+        if self._passes == 1:  # the training's passes: the hello describes their loader
+            first = self._index_now()
+            if not self._pass_starts or self._pass_starts[-1] != first:  # (an empty pass)
+                self._pass_starts.append(first)
         outer = self._segment
         if outer is not None:  # a loop inside a C-timed one: its open step is dropped
             outer.gate.clear()  # the outer chain stops before its next clock reading

@@ -89,9 +89,10 @@ class Hello:
     # The job this rank belongs to, as its launcher says (probe/jobenv.py): every rank of
     # one job carries the same key; None: not launched as part of a job.
     job: Str | None = None
-    # The index of the first step of each of the last watched passes (epochs; an
-    # evaluation loop's inside a step too), oldest first: that step waited for the pass's
-    # start (iter(loader), where a DataLoader starts its workers, and the first batch).
+    # The index of the first step of each of the last passes (epochs) of the outermost
+    # watched loop, whose loader ``loader`` describes, oldest first: that step waited for
+    # the pass's start (iter(loader), where a DataLoader starts its workers, and the first
+    # batch). An evaluation loop's inside a step are not listed.
     pass_starts: Annotated[tuple[Count, ...], msgspec.Meta(max_length=64)] = ()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -622,7 +623,11 @@ def test_the_waits_at_the_starts_of_passes_are_named(
     in bursts at the starts of passes, which only the probe can point at. "Cause unknown"
     before; persistent_workers=True took the demo's run from 331 to 1,344 samples/s."""
     steps, starts = epochs(6, 8, start_wait)
-    h = replace(hello(workers, persistent=persistent), pass_starts=starts if told else ())
+    h = replace(
+        hello(workers, persistent=persistent),
+        pass_starts=starts if told else (),
+        step_count=steps[-1].index + 1,
+    )
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0] * workers)))
     assert v.kind == "input-bound", v
     if cause is None:
@@ -638,7 +643,7 @@ def test_the_waits_at_the_starts_of_passes_are_named(
     assert rate is not None and share is not None and v.headroom is not None
     found = re.match(r"without those waits: at most ≈ (\d+) samples/s", v.headroom)
     assert found is not None, v.headroom
-    assert rate < int(found.group(1)) < rate / (1 - share), (v.headroom, rate, share)
+    assert rate < int(found.group(1)) <= rate / (1 - share) + 1, (v.headroom, rate, share)
 
 
 def test_a_one_off_wait_at_a_start_among_many_small_ones_is_not_the_cause() -> None:
@@ -648,7 +653,7 @@ def test_a_one_off_wait_at_a_start_among_many_small_ones_is_not_the_cause() -> N
         StepRecord(s.index, s.end_time, 0.09, 0.04, s.samples) if s.index not in starts else s
         for s in steps
     ]
-    h = replace(hello(2, persistent=False), pass_starts=starts)
+    h = replace(hello(2, persistent=False), pass_starts=starts, step_count=steps[-1].index + 1)
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
     assert v.kind == "input-bound" and v.cause not in ("worker-restarts", "pass-start"), v
 
@@ -657,7 +662,73 @@ def test_many_tiny_passes_are_judged_over_the_starts_the_probe_lists() -> None:
     """Passes of 2 steps: a 3 s window holds ~30 starts, the hello lists the last 16;
     the steps before the oldest listed are not counted as waits elsewhere."""
     steps, starts = epochs(80, 2, 0.05, period=0.01)
-    h = replace(hello(2, persistent=False), pass_starts=starts[-16:])
+    h = replace(
+        hello(2, persistent=False), pass_starts=starts[-16:], step_count=steps[-1].index + 1
+    )
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
     assert v.cause == "worker-restarts", text(v)
-    assert "on average over the last 16 passes: 98 % of the data wait since" in text(v), text(v)
+    assert "on average over the last 16 passes (a batch takes 22 ms anyway)" in text(v), text(v)
+
+
+def passes_of(
+    pattern: list[float], passes: int, compute: float = 0.005
+) -> tuple[list[StepRecord], tuple[int, ...]]:
+    """``passes`` passes whose steps wait ``pattern`` in turn (the first: the pass's
+    first batch), each step ``compute`` besides; and the passes' first indices."""
+    steps, starts, end, index = [], [], T0, PAST_PREFETCH
+    for _ in range(passes):
+        starts.append(index)
+        for wait in pattern:
+            end += compute + wait
+            steps.append(StepRecord(index, end, compute + wait, wait, 8))
+            index += 1
+    return steps, tuple(starts)
+
+
+SLOW_LOADERS = {
+    # (steps' waits in a pass, passes, hello, host, the cause it is)
+    "num_workers=0, 40 ms a batch, 2-step passes: its first batch is any batch": (
+        [0.041, 0.040],
+        40,
+        hello(0),
+        {"cpu": cores(2, pinned=1), "procs": processes(100.0)},
+        "few-workers",
+    ),
+    "4 kept workers, 80 ms a batch each, cores full: a first batch takes a batch's 80 ms": (
+        [0.080, 0.0, 0.0, 0.0, 0.060, 0.0, 0.0, 0.0],
+        30,
+        hello(4, persistent=True),
+        {"cpu": cores(4, pinned=4), "procs": processes(20.0, [99.0] * 4)},
+        "cpu-workers",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "passes", "h", "host", "cause"), list(SLOW_LOADERS.values()), ids=list(SLOW_LOADERS)
+)
+def test_a_slow_loaders_first_batch_is_not_a_start_cost(
+    pattern: list[float], passes: int, h: Hello, host: dict[str, Any], cause: str
+) -> None:
+    """A first batch is made from nothing: it waits a batch's making even when the start
+    costs nothing, and holds most of the wait of short passes. Only the wait beyond that
+    is the start's (a review: "pass-start" over a CPU-bound loader, its headroom +185 %
+    where keeping the workers gave +39 %)."""
+    steps, starts = passes_of(pattern, passes)
+    told = replace(h, pass_starts=starts[-16:], step_count=steps[-1].index + 1)
+    assert analyze(window(steps, h=told, **host)).cause == cause
+
+
+def test_starts_the_hello_cannot_list_yet_are_not_counted_as_other_waits() -> None:
+    """The hello lists the starts as of when it was sent (every 2 s): the steps after its
+    ``step_count`` are left out, or a newer start's wait would count as any other and the
+    share swing at every hello (a review: 99 % <-> 33 %)."""
+    steps, starts = epochs(80, 2, 0.05, period=0.01)
+    known = starts[-10]  # the hello is 10 passes old
+    fresh = replace(hello(2, persistent=False), pass_starts=starts[-16:], step_count=10**6)
+    old = replace(fresh, pass_starts=tuple(i for i in starts if i < known)[-16:], step_count=known)
+    judged = [analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0]))) for h in (fresh, old)]
+    assert [v.cause for v in judged] == ["worker-restarts"] * 2, [text(v) for v in judged]
+    share = [re.search(r"\): (\d+) % of the data wait", text(v)) for v in judged]
+    assert share[0] is not None and share[1] is not None, [text(v) for v in judged]
+    assert share[0].group(1) == share[1].group(1)

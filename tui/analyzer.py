@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from gputop_dl.probe.messages import MARKED, Hello, LoaderInfo, Stack, StepRecord
@@ -33,6 +32,7 @@ from gputop_dl.tui.analysis.causes import (
 )
 from gputop_dl.tui.analysis.devices import DeviceState, device_states, own_device
 from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
+from gputop_dl.tui.analysis.passes import PassStarts, pass_start_costs
 from gputop_dl.tui.analysis.steps import (
     StepStats,
     agreeing_time,
@@ -194,7 +194,9 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     """What the advice can buy: the loading's measured CPU cost per sample times the cores
     the advice gives it, and never more than the step without any data wait."""
     if cause.share_removed is not None:
-        return _headroom(stats, "those waits", cause.share_removed)
+        # Over the steps the starts were judged on; never above the window's bound
+        # without any wait (the window may hold more starts than they do on average).
+        return _headroom(stats, "those waits", min(cause.share_removed, share))
     plain = _headroom(stats, "the data wait", share)
     loaders = cause.waiting_loaders_after
     if plain is not None and loaders is not None and loaders > 1:
@@ -241,7 +243,9 @@ def _window_text(stats: StepStats) -> str:
     return f"last {stats.n} steps, {fmt.dur(stats.span_s)}{trimmed}"
 
 
-def _wait_lines(stats: StepStats, workers: int | None = None) -> list[str]:
+def _wait_lines(
+    stats: StepStats, workers: int | None = None, starts: PassStarts | None = None
+) -> list[str]:
     share = stats.wait_share or 0.0
     mean_wait = stats.mean_wait_s or 0.0
     lines = [
@@ -255,8 +259,7 @@ def _wait_lines(stats: StepStats, workers: int | None = None) -> list[str]:
     # that vary are the batches' own (their sizes, their items), not rounds.
     # Nor are waits at the starts of passes (said by the pass-start cause).
     rounds = workers is not None and workers >= 2
-    starts = stats.pass_start_share
-    if starts is not None and starts >= PASS_START_SHARE:
+    if starts is not None and starts.share >= PASS_START_SHARE:
         rounds = False
     if rounds and median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
         lines.append(
@@ -587,6 +590,7 @@ class _Ctx:
     steps: list[StepRecord]  # usable steps, oldest first
     own_device: tuple[str, int] | None  # ("GPU", 3): the rank's own accelerator, if matched
     device_note: str | None  # why the rank's own device could not be matched
+    passes: PassStarts | None = None  # what the starts of passes cost (the probe's starts)
 
     @property
     def loader(self) -> LoaderInfo | None:
@@ -626,7 +630,7 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
     hello = ctx.window.hello
     expected = hello is not None and hello.host_sampler
     cause = input_cause(
-        ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected, stats
+        ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected, ctx.passes
     )
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
@@ -642,7 +646,7 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
         f"{label} ({what} {fmt.pct(share)} of step): {cause.summary}",
         cause=cause.name,
         evidence=(
-            *_wait_lines(stats, workers_of(ctx.loader, ctx.host)),
+            *_wait_lines(stats, workers_of(ctx.loader, ctx.host), ctx.passes),
             _throughput_line(stats),
             *cause.evidence,
         ),
@@ -1020,20 +1024,18 @@ def _band(share: float | None, previous: Verdict | None) -> tuple[str, str]:
 _BANDS = (("compute-bound", "ok"), ("input-bound", "info"), ("input-bound", "warning"))
 
 
-def _stable_stats(
-    steps: list[StepRecord], previous: Verdict | None, pass_starts: AbstractSet[int]
-) -> StepStats:
+def _stable_stats(steps: list[StepRecord], previous: Verdict | None) -> StepStats:
     """The last STEP_WINDOW_S decide, unless they would lower the input-bound verdict shown
     while the last STABLE_WINDOW_S still support it: then the longer window's figures are
     the ones judged and shown. A rising wait is shown fast, an easing one only once it
     has eased for a while (a loader delivering in rounds swings the short window)."""
-    short = step_stats(steps, pass_starts=pass_starts)
+    short = step_stats(steps)
     if previous is None or previous.kind != "input-bound":
         return short
     shown = (previous.kind, previous.severity)
     if _BANDS.index(_band(short.lost_share, previous)) >= _BANDS.index(shown):
         return short
-    stable = step_stats(steps, STABLE_WINDOW_S, pass_starts)
+    stable = step_stats(steps, STABLE_WINDOW_S)
     return stable if _band(stable.lost_share, previous) == shown else short
 
 
@@ -1094,7 +1096,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     ctx = _Ctx(
         window=window,
         previous=previous,
-        stats=_stable_stats(steps, previous, frozenset(hello.pass_starts if hello else ())),
+        stats=_stable_stats(steps, previous),
         host=host_stats(
             window.systems,
             hello.host if hello else None,
@@ -1106,6 +1108,16 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         steps=steps,
         own_device=own,
         device_note=note,
+        passes=(
+            pass_start_costs(
+                steps,
+                hello.pass_starts,
+                hello.step_count,
+                hello.loader.num_workers if hello.loader else None,
+            )
+            if hello is not None and hello.pass_starts
+            else None
+        ),
     )
     main = _throughput(ctx)
     candidates = [main, *(c for b in _BUILDERS if (c := b(ctx)) is not None)]

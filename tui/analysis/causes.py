@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from gputop_dl.probe.messages import LoaderInfo
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.host import HostStats, is_network_fs
-from gputop_dl.tui.analysis.steps import StepStats
+from gputop_dl.tui.analysis.passes import PassStarts
 from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
@@ -91,7 +91,7 @@ class Context:
     framework: str | None = None  # hello.framework: whose knob the advice names
     wait_share: float | None = None  # the loop's data wait / step time (main loads then)
     samples_expected: bool = False  # the run samples its node (hello.host_sampler)
-    steps: StepStats | None = None  # the window's step figures (the waits at pass starts)
+    passes: PassStarts | None = None  # what the starts of passes cost
 
     @property
     def enough_host(self) -> bool:
@@ -297,26 +297,27 @@ def _merge(first: list[str], rest: list[str]) -> tuple[str, ...]:
 
 
 def _pass_start(ctx: Context) -> Cause | None:
-    """Most of the wait is in the first steps of passes (the probe says which steps began
-    one): each epoch waits for its loader to start. With workers not kept between passes
-    that start is theirs: a fork and an init each, every epoch."""
-    stats = ctx.steps
-    share = stats.pass_start_share if stats is not None else None
-    if stats is None or share is None or share < PASS_START_SHARE:
+    """Most of the wait is what the starts of passes cost beyond a first batch's making
+    (the probe says which steps began one; tui/analysis/passes.py): each epoch waits for
+    its loader to start. With workers not kept between passes that start is theirs: a
+    fork and an init each, every epoch."""
+    passes = ctx.passes
+    if passes is None or passes.share < PASS_START_SHARE:
         return None
-    n = stats.pass_start_steps
-    each = stats.pass_start_wait_s / n
+    n = passes.passes
+    anyway = f"a batch takes {fmt.dur(passes.batch_wait_s)} anyway"
     if n == 1:
         line = (
-            f"the first batch of the last pass waited {fmt.dur(each)}: {fmt.pct(share)} of "
-            "the data wait since"
+            f"the first batch of the last pass waited {fmt.dur(passes.first_wait_s)} "
+            f"({anyway}): {fmt.pct(passes.share)} of the data wait since that pass began"
         )
     else:
         line = (
-            f"the first batch of a pass waited {fmt.dur(each)} on average over the last {n} "
-            f"passes: {fmt.pct(share)} of the data wait since the first of them"
+            f"the first batch of a pass waited {fmt.dur(passes.first_wait_s)} on average "
+            f"over the last {n} passes ({anyway}): {fmt.pct(passes.share)} of the data "
+            "wait since the first of them"
         )
-    removed = stats.pass_start_wait_s / stats.span_s if stats.span_s > 0 else None
+    removed = passes.removed
     loader = ctx.loader
     workers = loader.num_workers if loader is not None else None
     if loader is not None and loader.persistent_workers is False and workers:
@@ -831,9 +832,9 @@ def input_cause(
     framework: str | None = None,
     wait_share: float | None = None,
     samples_expected: bool = False,
-    steps: StepStats | None = None,
+    passes: PassStarts | None = None,
 ) -> Cause:
-    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected, steps)
+    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected, passes)
     for rule in RULES:
         cause = rule(ctx)
         if cause is not None:

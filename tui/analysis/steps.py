@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import LoaderInfo, StepRecord
@@ -51,17 +50,6 @@ class StepStats:
     timed_steps: int  # steps that report device_caught_up at all
     h2d_share: float | None  # copy phases / period; None when no step has such a phase
     h2d_phase: str | None  # the phase name that matched
-    # Steps of the window that began a pass (Hello.pass_starts), and their data wait
-    # against the window's from the oldest pass start listed: what a pass's start costs
-    # (workers restarted, a loader's iter()). Zero without the probe's fact.
-    pass_start_steps: int = 0
-    pass_start_wait_s: float = 0.0
-    waited_s: float = 0.0
-
-    @property
-    def pass_start_share(self) -> float | None:
-        """The share of the window's data wait spent in the first steps of passes."""
-        return self.pass_start_wait_s / self.waited_s if self.waited_s > 0 else None
 
     @property
     def lost_share(self) -> float | None:
@@ -150,14 +138,9 @@ def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
     return sum(parts) / whole if parts and whole > 0 else None
 
 
-def step_stats(
-    steps: list[StepRecord],
-    window_s: float = STEP_WINDOW_S,
-    pass_starts: AbstractSet[int] = frozenset(),
-) -> StepStats:
+def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> StepStats:
     """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
-    and enough for a verdict (``enough_steps``); ``pass_starts``: the indices of steps
-    that began a pass (the probe's Hello.pass_starts)."""
+    and enough for a verdict (``enough_steps``)."""
     window = recent(steps, window_s)
     kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
     periods = [s.period_s for s in kept]
@@ -168,15 +151,6 @@ def step_stats(
     # the same result (NaN included), without a call per step.
     waits = [p if (p := s.period_s) < (w := s.wait_s or 0.0) else w for s in waited]
     wait_share = _share(waits, [s.period_s for s in waited])
-    # The probe lists the last few pass starts only: judged over the steps from the
-    # oldest one listed (a window of many tiny passes holds more than it lists).
-    since = min(pass_starts) if pass_starts else None
-    covered = (
-        []
-        if since is None
-        else [(s, w) for s, w in zip(waited, waits, strict=True) if s.index >= since]
-    )
-    at_starts = [w for s, w in covered if s.index in pass_starts]
 
     counted = [s for s in kept if s.samples is not None]
     samples = sum(s.samples or 0 for s in counted)
@@ -224,9 +198,6 @@ def step_stats(
             else None
         ),
         h2d_phase=copy_names[0] if copy_names else None,
-        pass_start_steps=len(at_starts),
-        pass_start_wait_s=sum(at_starts),
-        waited_s=sum(w for _, w in covered),
     )
 
 
