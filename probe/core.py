@@ -104,6 +104,7 @@ REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYS
 SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
 PASS_STARTS_KEPT = 16  # Hello.pass_starts: more than a viewer's step window holds
+PASS_START_LOADERS = 8  # loaders whose pass starts are kept (a training's, an evaluation's)
 MAX_PHASES = 64  # named phases per step on the wire (docs/protocol.md, "Limits")
 OTHER_PHASES = "(other phases)"  # the sum of a step's phases past the 63 longest
 WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not per flush
@@ -305,18 +306,17 @@ class Probe:
         self._host_only = False
         self._device_index: tuple[str, int | None, str | None] | None = None  # kind, idx, uuid
         self._loader_info: LoaderInfo | None = None
-        # The loader of each pass around the current one: an evaluation loop's loader
-        # is described while it runs, the training's again when it ends.
-        self._outer_loaders: list[LoaderInfo | None] = []
         self._framework: str | None = None
         self._loop = "not-started"
         self._loop_since: float | None = None
         self._loop_exit: str | None = None
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
-        # The first step's index of each of the last passes of the outermost watched loop
-        # (Hello.pass_starts): a viewer tells the waits a pass's start costs from the rest.
-        self._pass_starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
+        # The first step's index of each of the last passes of each loader iterated by the
+        # outermost watched loop (Hello.pass_starts: the current one's), by loader id: a
+        # viewer tells the waits a pass's start costs from the rest.
+        self._pass_starts: dict[int | None, deque[int]] = {}
+        self._pass_loader: int | None = None  # the loader of the last such pass
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -436,33 +436,47 @@ class Probe:
 
         return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
 
-    def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
-        """Training thread, once per pass: store and flag (no I/O, never raises)."""
+    def _loop_entered(
+        self, info: LoaderInfo | None, framework: str | None, loader_key: int | None = None
+    ) -> None:
+        """Training thread, once per pass: store and flag (no I/O, never raises).
+        ``loader_key``: the id of the loader the pass iterates (its passes' starts are
+        listed together: a training loader's apart from an evaluation loader's)."""
         now = time.time()
         self._train_thread = threading.get_ident()
         self._passes += 1
-        if self._passes == 1:  # the training's passes: the hello describes their loader
-            first = self._index_now()
-            if not self._pass_starts or self._pass_starts[-1] != first:  # (an empty pass)
-                self._pass_starts.append(first)
         outer = self._segment
         if outer is not None:  # a loop inside a C-timed one: its open step is dropped
             outer.gate.clear()  # the outer chain stops before its next clock reading
             self._end_segment(outer, close=False)
-        # The loop's state goes out as a Loop message (which viewers apply to the hello
-        # they hold); a new hello only for what else changed: the loader (each epoch's
-        # worker pids) or the framework. A hello a pass cost the publisher ~0.25 ms each
-        # for loops of short passes (bench/short_passes.py).
-        self._outer_loaders.append(self._loader_info)
-        if info is not None and info != self._loader_info:
-            self._loader_info = info
-            if info.dataset_path and self._sampler is not None:
-                self._sampler.set_data_path(info.dataset_path)  # a store; checked off-thread
-            self._hello_dirty.set()
+        if self._passes == 1:
+            # Not a loop inside another's step (an evaluation run in a training step):
+            # the hello describes this pass's loader and lists its loader's pass starts.
+            self._note_pass_start(loader_key)
+            # The loop's state goes out as a Loop message (which viewers apply to the
+            # hello they hold); a new hello only for what else changed: the loader (each
+            # epoch's worker pids) or the framework. A hello a pass cost the publisher
+            # ~0.25 ms each for loops of short passes (bench/short_passes.py).
+            if info is not None and info != self._loader_info:
+                self._loader_info = info
+                if info.dataset_path and self._sampler is not None:
+                    self._sampler.set_data_path(info.dataset_path)  # checked off-thread
+                self._hello_dirty.set()
         if framework is not None and framework != self._framework:
             self._framework = framework
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
+
+    def _note_pass_start(self, loader_key: int | None) -> None:
+        starts = self._pass_starts.get(loader_key)
+        if starts is None:
+            if len(self._pass_starts) >= PASS_START_LOADERS:
+                del self._pass_starts[next(iter(self._pass_starts))]  # the oldest loader's
+            starts = self._pass_starts[loader_key] = deque(maxlen=PASS_STARTS_KEPT)
+        first = self._index_now()
+        if not starts or starts[-1] != first:  # (after an empty pass)
+            starts.append(first)
+        self._pass_loader = loader_key
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -472,17 +486,10 @@ class Probe:
         self._passes = max(0, self._passes - 1)
         if self._segment is not None:  # break or an exception inside a C-timed pass
             self._end_segment(self._segment, close=False)
-        outer = self._outer_loaders.pop() if self._outer_loaders else None
         if self._passes:
             # A loop inside another ended (an evaluation inside the training loop): the
             # training loop goes on; "outside" here told viewers it had left, for the rest
-            # of the epoch. Its loader is the one judged again (its workers, not the
-            # evaluation's, which may be gone).
-            if outer is not None and outer != self._loader_info:
-                self._loader_info = outer
-                if outer.dataset_path and self._sampler is not None:
-                    self._sampler.set_data_path(outer.dataset_path)
-                self._hello_dirty.set()
+            # of the epoch.
             self._mark_loop("in-loop", None, now)
         else:
             self._mark_loop("outside", how, now)
@@ -663,7 +670,7 @@ class Probe:
             cpu_quota_cores=self._quota,
             device=self._device,
             job=ident.job,
-            pass_starts=tuple(self._pass_starts),
+            pass_starts=tuple(self._pass_starts.get(self._pass_loader, ())),
         )
 
     def _gather_facts(self) -> None:

@@ -158,7 +158,7 @@ class Watched(Generic[T]):
         iterator = iter(self._iterable)
         try:
             info = self._pass_info(iterator)
-            probe._loop_entered(info, self._framework)
+            probe._loop_entered(info, self._framework, id(self._iterable))
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
             perf = time.perf_counter
             count = self._count
@@ -374,7 +374,7 @@ def _late_pids(probe: Probe, info: LoaderInfo | None, iterator: Any) -> None:
     """Publish worker pids that only exist once a generator loader has started."""
     try:
         pids = loader.worker_pids(iterator, None)
-        if pids and info is not None:
+        if pids and info is not None and probe._loader_info == info:  # (not an inner loop's)
             probe._loader_info = loader.with_pids(info, pids)
             probe._hello_dirty.set()
     except Exception:

@@ -32,9 +32,11 @@ class Recording(probe.Probe):
         super().__init__(name="watch-test", system_interval_s=0)
         self.events: list[tuple[str, Any]] = []
 
-    def _loop_entered(self, info: LoaderInfo | None, framework: str | None) -> None:
+    def _loop_entered(
+        self, info: LoaderInfo | None, framework: str | None, loader_key: int | None = None
+    ) -> None:
         self.events.append(("entered", info))
-        super()._loop_entered(info, framework)
+        super()._loop_entered(info, framework, loader_key)
 
     def _loop_left(self, how: str) -> None:
         self.events.append(("left", how))
@@ -303,9 +305,10 @@ def test_sampler_checks_the_data_path_on_its_own_thread(tmp_path: Path) -> None:
         sampler.close()
 
 
-def test_the_training_loader_is_described_again_when_an_inner_loop_ends(p: Recording) -> None:
+def test_an_inner_loop_leaves_the_training_loader_described(p: Recording) -> None:
     """An evaluation loop watched inside a training step described its own loader in the
-    hello for the rest of the epoch: its workers (gone) judged as the training's."""
+    hello for the rest of the epoch: its workers (gone) judged as the training's, and the
+    training's pass starts with the evaluation loader's settings (a review)."""
     train = p.watch(tensor_loader(n=40, num_workers=2, persistent_workers=True))
     val = p.watch(tensor_loader(n=8))
     during = after = None
@@ -314,7 +317,23 @@ def test_the_training_loader_is_described_again_when_an_inner_loop_ends(p: Recor
             for _ in val:
                 during = p.hello().loader
             after = p.hello().loader
-    assert during is not None and during.num_workers == 0, during
+    assert during == after, (during, after)
     assert after is not None and after.num_workers == 2 and len(after.worker_pids) == 2, after
     assert p.worker_pids() == frozenset(after.worker_pids)
-    assert not p._outer_loaders  # one entry a pass, none left after it
+
+
+def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
+    """A training loop and an evaluation loop after each epoch, both outermost: the hello
+    lists the starts of the passes of the loader it describes, not both loaders' mixed."""
+    train, val = tensor_loader(n=20), tensor_loader(n=8, batch=2)
+    for _ in range(3):
+        for _ in p.watch(train):  # a new wrapper each epoch, as scripts write it
+            pass
+        training = p.hello()
+        for _ in p.watch(val):
+            pass
+        evaluation = p.hello()
+    assert training.loader is not None and training.loader.batch_size == 4
+    assert evaluation.loader is not None and evaluation.loader.batch_size == 2
+    assert training.pass_starts == (0, 9, 18), training.pass_starts  # 5 + 4 steps an epoch
+    assert evaluation.pass_starts == (5, 14, 23), evaluation.pass_starts

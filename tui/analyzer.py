@@ -193,10 +193,16 @@ def _headroom(stats: StepStats, what: str, share: float) -> str | None:
 def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     """What the advice can buy: the loading's measured CPU cost per sample times the cores
     the advice gives it, and never more than the step without any data wait."""
-    if cause.share_removed is not None:
-        # Over the steps the starts were judged on; never above the window's bound
-        # without any wait (the window may hold more starts than they do on average).
-        return _headroom(stats, "those waits", min(cause.share_removed, share))
+    starts = cause.starts
+    if starts is not None:
+        # Over the steps the starts were judged on (the window may hold more starts, or
+        # fewer, than they do on average): its rate and its rate without those waits.
+        unit = "samples/s" if starts.per_sample else "steps/s"
+        return (
+            f"without those waits: at most ≈ {fmt.num(starts.ceiling)} {unit}, "
+            f"{_gain(starts.rate, starts.ceiling)} (over the last {starts.passes} passes: "
+            f"{fmt.num(starts.rate)} {unit})"
+        )
     plain = _headroom(stats, "the data wait", share)
     loaders = cause.waiting_loaders_after
     if plain is not None and loaders is not None and loaders > 1:
@@ -259,7 +265,7 @@ def _wait_lines(
     # that vary are the batches' own (their sizes, their items), not rounds.
     # Nor are waits at the starts of passes (said by the pass-start cause).
     rounds = workers is not None and workers >= 2
-    if starts is not None and starts.share >= PASS_START_SHARE:
+    if starts is not None and starts.share >= PASS_START_SHARE / 2:
         rounds = False
     if rounds and median is not None and mean_wait > 0 and median < BURSTY_RATIO * mean_wait:
         lines.append(
@@ -1113,7 +1119,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
                 steps,
                 hello.pass_starts,
                 hello.step_count,
-                hello.loader.num_workers if hello.loader else None,
+                hello.loader,
             )
             if hello is not None and hello.pass_starts
             else None

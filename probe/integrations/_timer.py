@@ -72,7 +72,7 @@ class HookTimer:
             info = None
         if any(r is not None for r in ranks):
             p._set_ranks(*ranks)
-        p._loop_entered(info, framework)
+        p._loop_entered(info, framework, id(dataloader) if dataloader is not None else None)
         self._t_prev = time.perf_counter()
 
     def batch_start(self, batch: Any, phase: str | None = None) -> None:

@@ -78,9 +78,9 @@ class Cause:
     # would wait side by side with the advice (today: one, the main process). Each keeps
     # today's pace, so the headroom is that many times it, not a CPU cost.
     waiting_loaders_after: int | None = None
-    # The share of step time the advice takes away when it is not all of the data wait
-    # (the waits at pass starts only): the headroom is the rate without that share.
-    share_removed: float | None = None
+    # What the advice buys when it is not all of the data wait (the waits at pass starts
+    # only): the rate and the rate without those waits, over the steps they were judged on.
+    starts: PassStarts | None = None
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,6 @@ def _pass_start(ctx: Context) -> Cause | None:
             f"over the last {n} passes ({anyway}): {fmt.pct(passes.share)} of the data "
             "wait since the first of them"
         )
-    removed = passes.removed
     loader = ctx.loader
     workers = loader.num_workers if loader is not None else None
     if loader is not None and loader.persistent_workers is False and workers:
@@ -339,21 +338,25 @@ def _pass_start(ctx: Context) -> Cause | None:
                 "make a worker's start cheaper (worker_init_fn, a dataset that opens files "
                 "or loads an index when a worker starts)",
             ),
-            share_removed=removed,
+            starts=passes,
+        )
+    advice = [
+        "what the loader does before a pass's first batch runs at every pass (files "
+        "opened, an index loaded or shuffled, a generator's set-up): do it once, outside "
+        "the loop",
+    ]
+    if workers:
+        advice.append(
+            "its workers: the first batches of a pass are not prefetched during the previous "
+            "one; more passes of fewer steps make this worse"
         )
     return Cause(
         "pass-start",
         0.7,
         "each pass waits for its loader to start",
         _merge([line], host_evidence(ctx)),
-        (
-            "what the loader does before a pass's first batch runs at every pass (files "
-            "opened, an index loaded or shuffled, a generator's set-up): do it once, "
-            "outside the loop",
-            "a loader with workers: the first batches of a pass are not prefetched "
-            "during the previous one; more passes of fewer steps make this worse",
-        ),
-        share_removed=removed,
+        tuple(advice),
+        starts=passes,
     )
 
 

@@ -9,21 +9,27 @@ start's cost. That reference is the longer of the other steps' 90th-percentile w
 loader without workers makes each batch in the wait) and ``num_workers`` periods of
 the other steps (workers delivering in rounds make each batch over that long).
 
-The second is an upper bound of a batch's making (a loop whose workers keep ahead makes
-its periods longer than their batches take): right for telling a start's cost from a
-slow loader's first batch, too high for what keeping the workers buys. The headroom
-(``removed``) takes the first only, and is an upper bound too.
+The second holds only where the other steps wait in rounds (their 90th-percentile wait
+a quarter of their period or more): workers that keep ahead make their batches in less
+than their periods, and give no figure for it. Nor can a start be told from a first
+batch where a pass is no longer than what ``iter()`` asks the workers for at once
+(``num_workers`` x ``prefetch_factor`` batches): the whole pass is then made during its
+first wait. The headroom takes the first reference only: an upper bound.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
-from gputop_dl.probe.messages import StepRecord
+from gputop_dl.probe.messages import LoaderInfo, StepRecord
 from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS, PASS_OTHER_STEPS
 
 REFERENCE_PERCENTILE = 0.9
+ROUNDS_WAIT_SHARE = 0.25  # other steps waiting this share of their period: rounds
+TORCH_PREFETCH_FACTOR = 2  # a DataLoader's default with workers
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,10 @@ class PassStarts:
     first_wait_s: float  # a pass's first step's data wait, on average
     batch_wait_s: float  # what a first batch waits anyway (the reference above)
     share: float  # their waits beyond the reference / all the data wait of those steps
-    removed: float  # their waits beyond the other steps' typical wait / the time of those
-    #   steps: at most the step time the starts cost
+    rate: float  # samples (or steps, without counts) a second over those steps
+    ceiling: float  # the same without the first steps' waits beyond the other steps'
+    #   typical wait, never above the rate without any wait: an upper bound
+    per_sample: bool  # rate and ceiling count samples, not steps
 
 
 def _wait(step: StepRecord) -> float:
@@ -48,40 +56,50 @@ def pass_start_costs(
     steps: Sequence[StepRecord],
     pass_starts: Sequence[int],
     known: int,
-    workers: int | None,
+    loader: LoaderInfo | None,
 ) -> PassStarts | None:
     """``steps``: usable steps, oldest first; ``pass_starts``: the hello's; ``known``:
     its ``step_count`` (a start after it is not listed yet: the steps from there on are
-    left out, or they would count a start as any other wait); ``workers``: the loader's
-    ``num_workers`` (None: unknown). None without starts among the steps, or without
-    enough other steps to tell what a batch waits anyway."""
+    left out, or they would count a start as any other wait); ``loader``: the hello's.
+    None without starts among the steps, without enough other steps to tell what a batch
+    waits anyway, or with passes too short to tell a start from a first batch."""
     tail = steps[-MAX_WINDOW_STEPS:]
     if not pass_starts or not tail:
         return None
-    listed = {i for i in pass_starts if tail[0].index <= i < known}
+    listed = sorted({i for i in pass_starts if tail[0].index <= i < known})
     if not listed:
         return None
-    since = min(listed)
-    judged = [s for s in tail if since <= s.index < known and s.wait_s is not None]
-    firsts = [s for s in judged if s.index in listed]
-    others = [s for s in judged if s.index not in listed]
+    workers = (loader.num_workers if loader is not None else None) or 0
+    if workers and len(listed) >= 2:
+        prefetch = loader.prefetch_factor if loader is not None else None
+        asked = workers * (prefetch or TORCH_PREFETCH_FACTOR)
+        if statistics.median(b - a for a, b in pairwise(listed)) <= asked:
+            return None
+    starts = set(listed)
+    judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
+    firsts = [s for s in judged if s.index in starts]
+    others = [s for s in judged if s.index not in starts]
     if not firsts or len(others) < PASS_OTHER_STEPS:
         return None
     waits = sorted(_wait(s) for s in others)
     typical = waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))]
-    rounds = (workers or 0) * sum(s.period_s for s in others) / len(others)
-    reference = max(typical, rounds)
+    period = sum(s.period_s for s in others) / len(others)
+    reference = max(typical, workers * period) if typical >= ROUNDS_WAIT_SHARE * period else typical
     first_waits = [_wait(s) for s in firsts]
     beyond = sum(max(0.0, w - reference) for w in first_waits)
     beyond_typical = sum(max(0.0, w - typical) for w in first_waits)
     waited = sum(_wait(s) for s in judged)
     span = sum(s.period_s for s in judged)
-    if waited <= 0 or span <= 0:
+    if waited <= 0 or span <= waited:
         return None
+    per_sample = all(s.samples is not None for s in judged)
+    done = float(sum(s.samples or 0 for s in judged)) if per_sample else float(len(judged))
     return PassStarts(
         passes=len(firsts),
         first_wait_s=sum(first_waits) / len(firsts),
         batch_wait_s=reference,
         share=beyond / waited,
-        removed=beyond_typical / span,
+        rate=done / span,
+        ceiling=done / (span - beyond_typical),
+        per_sample=per_sample,
     )
