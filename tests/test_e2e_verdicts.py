@@ -167,3 +167,31 @@ if __name__ == "__main__":  # the figures for the README: python -m tests.test_e
             + ", ".join(f"{t:.1f}s {v}" for t, v in timeline),
             flush=True,
         )
+
+
+def test_a_killed_worker_restarts_demo_leaves_no_worker_behind() -> None:
+    """Its workers spend most of their life in their start (worker_init_fn), before
+    torch's worker watches its parent: a training killed with -9 then left them polling
+    their queues forever (found after a CI run: two of 350 MB each)."""
+    psutil = pytest.importorskip("psutil")
+    left: set[int] = set()
+    for delay in (6.3, 6.6, 6.9):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "gputop_dl.tui.demo.train", "--scenario", "worker-restarts"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            time.sleep(delay)  # past start-up: epochs of 8 steps, each starting two workers
+            workers = {p.pid for p in psutil.Process(child.pid).children()}
+        finally:
+            child.kill()
+            child.wait()
+        deadline = time.monotonic() + 10.0  # a worker's start, then torch's 5 s poll
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in workers):
+            time.sleep(0.2)
+        alive = {p for p in workers if psutil.pid_exists(p)}
+        for pid in alive:
+            psutil.Process(pid).kill()
+        left |= alive
+    assert not left, f"workers left running after the training was killed: {sorted(left)}"

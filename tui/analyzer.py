@@ -126,6 +126,9 @@ class Verdict:
     samples_per_s: float | None = None  # samples over the window / its time
     steps_per_s: float | None = None
     since: float | None = None  # set by VerdictTracker: when the shown kind/cause began
+    # The evidence line a short screen shows: the cause's own first one (an input-bound
+    # verdict's first line repeats the headline's wait share).
+    lead: int = 0
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -645,20 +648,18 @@ def _input_bound(ctx: _Ctx, share: float, severity: str) -> _Candidate:
         confidence *= cause.confidence
     label = "Input-bound" if severity == "warning" else "Moderately input-bound"
     what = _lost_label(stats)
+    waits = _wait_lines(stats, workers_of(ctx.loader, ctx.host), ctx.passes)
     verdict = Verdict(
         "input-bound",
         severity,
         round(confidence, 2),
         f"{label} ({what} {fmt.pct(share)} of step): {cause.summary}",
         cause=cause.name,
-        evidence=(
-            *_wait_lines(stats, workers_of(ctx.loader, ctx.host), ctx.passes),
-            _throughput_line(stats),
-            *cause.evidence,
-        ),
+        evidence=(*waits, _throughput_line(stats), *cause.evidence),
         advice=cause.advice,
         headroom=_input_headroom(stats, cause, share),
         conditions=(f"input-bound/{cause.name}",),
+        lead=len(waits) + 1 if cause.evidence else 0,
     )
     return _Candidate(verdict, 0 if severity == "warning" else 4, share)
 

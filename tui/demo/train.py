@@ -21,6 +21,7 @@ import argparse
 import io
 import json
 import math
+import multiprocessing
 import os
 import signal
 import sys
@@ -142,6 +143,12 @@ def open_shards(_worker: int) -> None:
     """A worker's start (its ``worker_init_fn``): a dataset opening and indexing its
     shards, as real ones do, every time a worker starts."""
     time.sleep(WORKER_START_S)
+    # torch's worker watches its parent only from after this function, comparing with
+    # the parent it sees then: a training killed meanwhile (kill -9, the OOM killer) left
+    # this worker polling its queue forever, 350 MB each.
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(0)
 
 
 def cnn(width: int, depth: int) -> nn.Module:

@@ -216,7 +216,8 @@ class Banner(Panel):
         first = self._items("→", advice[:1], "banner--advice", width)
         second = self._items("→", advice[1:2], "banner--advice", width)
         gain = self._items("⇡", headroom, "banner--headroom", width)
-        why = self._evidence(evidence, 1, width)
+        lead = getattr(verdict, "lead", 0)
+        why = self._evidence(evidence[lead:] if 0 < lead < len(evidence) else evidence, 1, width)
         budget = self.budget - len(lines) - len(first) - len(gain)
         if len(second) > budget:
             second = []
