@@ -313,8 +313,8 @@ class Probe:
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
         # The first step's index of each of the last passes of each loader iterated by the
-        # outermost watched loop (Hello.pass_starts: the current one's), by loader id: a
-        # viewer tells the waits a pass's start costs from the rest.
+        # outermost watched loop (Hello.pass_starts: the current one's), by
+        # loader.identity: a viewer tells the waits a pass's start costs from the rest.
         self._pass_starts: dict[int | None, deque[int]] = {}
         self._pass_loader: int | None = None  # the loader of the last such pass
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
@@ -440,8 +440,8 @@ class Probe:
         self, info: LoaderInfo | None, framework: str | None, loader_key: int | None = None
     ) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises).
-        ``loader_key``: the id of the loader the pass iterates (its passes' starts are
-        listed together: a training loader's apart from an evaluation loader's)."""
+        ``loader_key``: what its loader is (``loader.identity``): its passes' starts are
+        listed together, a training loader's apart from an evaluation loader's."""
         now = time.time()
         self._train_thread = threading.get_ident()
         self._passes += 1
@@ -468,11 +468,13 @@ class Probe:
         self._mark_loop("in-loop", None, now)
 
     def _note_pass_start(self, loader_key: int | None) -> None:
-        starts = self._pass_starts.get(loader_key)
+        known = self._pass_starts
+        starts = known.pop(loader_key, None)  # put back last: the loaders in use stay
         if starts is None:
-            if len(self._pass_starts) >= PASS_START_LOADERS:
-                del self._pass_starts[next(iter(self._pass_starts))]  # the oldest loader's
-            starts = self._pass_starts[loader_key] = deque(maxlen=PASS_STARTS_KEPT)
+            if len(known) >= PASS_START_LOADERS:
+                del known[next(iter(known))]  # the loader unused the longest
+            starts = deque(maxlen=PASS_STARTS_KEPT)
+        known[loader_key] = starts
         first = self._index_now()
         if not starts or starts[-1] != first:  # (after an empty pass)
             starts.append(first)

@@ -68,6 +68,14 @@ def unwrap(iterable: Any) -> tuple[Any, str | None]:
     return inner, wrapper
 
 
+def identity(iterable: Any) -> int:
+    """What stays the same over the passes of one loop: its dataset (a DataLoader built
+    again every epoch wraps the same one), else the loader inside known wrappers."""
+    inner, _ = unwrap(iterable)
+    dataset = _get(inner, "dataset")
+    return id(inner if dataset is None else dataset)
+
+
 def describe(iterable: Any, data_path: str | None = None) -> LoaderInfo:
     """Read a DataLoader's settings by duck typing, through known wrappers.
 

@@ -89,10 +89,10 @@ class Hello:
     # The job this rank belongs to, as its launcher says (probe/jobenv.py): every rank of
     # one job carries the same key; None: not launched as part of a job.
     job: Str | None = None
-    # The index of the first step of each of the last passes (epochs) of the outermost
-    # watched loop, whose loader ``loader`` describes, oldest first: that step waited for
-    # the pass's start (iter(loader), where a DataLoader starts its workers, and the first
-    # batch). An evaluation loop's inside a step are not listed.
+    # The index of the first step of each of the last passes (epochs) over the loader
+    # ``loader`` describes, oldest first: that step waited for the pass's start
+    # (iter(loader), where a DataLoader starts its workers, and the first batch). Passes
+    # of a loop inside another's step (an evaluation in a training step) are not listed.
     pass_starts: Annotated[tuple[Count, ...], msgspec.Meta(max_length=64)] = ()
 
 
@@ -202,9 +202,9 @@ class Stack:
     frames: Annotated[tuple[Frame, ...], msgspec.Meta(max_length=32)]  # innermost first
     left_out: Count = 0  # outer frames beyond the 32 innermost
     thread: Str | None = None  # the training thread's name
-    # In a C-timed stretch the probe has no frame on the stack while the loader works:
-    # True when its clock says the thread is inside the loader's next() (a fetch begun,
-    # not returned). Elsewhere the probe's own frame on the stack says so.
+    # The thread is inside the watched loader's next(), waiting for a batch: the probe's
+    # clock says so in a C-timed stretch (a fetch begun, not returned; no frame of the
+    # probe's is on the stack there), its own frame anywhere on the stack elsewhere.
     fetching: bool = False
 
 

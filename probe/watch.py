@@ -150,17 +150,17 @@ class Watched(Generic[T]):
         # How the last fetch raised, until the training asks again (a counting stretch,
         # a generator of its own, notes it here too).
         raised: list[str] = []
+        perf = time.perf_counter
         # A pass's first step waits from here: iter() of a DataLoader starts its workers
         # (a fork each, then their init), which is the loop's wait for data too.
-        t0 = time.perf_counter()
+        t0 = perf()
         # A loader that cannot start raises here, before the pass is entered: a pass
         # left without being entered ended the count of a loop running around this one.
         iterator = iter(self._iterable)
         try:
             info = self._pass_info(iterator)
-            probe._loop_entered(info, self._framework, id(self._iterable))
+            probe._loop_entered(info, self._framework, loader.identity(self._iterable))
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
-            perf = time.perf_counter
             count = self._count
             open_step = probe._open_step
             close_step = probe._close_step

@@ -337,3 +337,14 @@ def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
     assert evaluation.loader is not None and evaluation.loader.batch_size == 2
     assert training.pass_starts == (0, 9, 18), training.pass_starts  # 5 + 4 steps an epoch
     assert evaluation.pass_starts == (5, 14, 23), evaluation.pass_starts
+
+
+def test_a_loader_built_again_every_epoch_keeps_its_pass_starts(p: Recording) -> None:
+    """``for epoch: loader = DataLoader(dataset, ...)``: a new loader each pass over one
+    dataset is one loop's passes (keyed by the loader object, each epoch was a loop of its
+    own, its one start all the hello listed: no restart cost could be seen)."""
+    dataset = TensorDataset(torch.arange(20, dtype=torch.float32).unsqueeze(1))
+    for _ in range(3):
+        for _ in p.watch(DataLoader(dataset, batch_size=4)):
+            pass
+    assert p.hello().pass_starts == (0, 5, 10)

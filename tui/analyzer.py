@@ -1116,13 +1116,8 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         own_device=own,
         device_note=note,
         passes=(
-            pass_start_costs(
-                steps,
-                hello.pass_starts,
-                hello.step_count,
-                hello.loader,
-            )
-            if hello is not None and hello.pass_starts
+            pass_start_costs(steps, hello.pass_starts, hello.step_count, hello.loader)
+            if hello is not None
             else None
         ),
     )

@@ -72,7 +72,8 @@ class HookTimer:
             info = None
         if any(r is not None for r in ranks):
             p._set_ranks(*ranks)
-        p._loop_entered(info, framework, id(dataloader) if dataloader is not None else None)
+        key = loader.identity(dataloader) if dataloader is not None else None
+        p._loop_entered(info, framework, key)
         self._t_prev = time.perf_counter()
 
     def batch_start(self, batch: Any, phase: str | None = None) -> None:

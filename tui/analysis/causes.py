@@ -3,17 +3,17 @@
 The rules are tried in order; the first one whose evidence holds wins:
 
 1. memory        sustained swap-in (everything else is slowed by it)
-   worker-restarts / pass-start
-                 the first steps of passes hold most of the wait (the probe's pass starts):
-                 workers started again each epoch, or a loader's costly start
-2. cpu-quota     the container's CPU quota throttles the loader
-3. disk          the data disk is busy (>= DISK_BUSY_ENTER)
-4. network-storage  the dataset is on a network filesystem and the loader is not CPU-bound
-5. disk          the loading processes are mostly off-CPU while the node reads
-6. few-workers / cpu-workers / cpu-contention
+2. worker-restarts / pass-start
+                 the starts of passes cost most of the wait (the probe's pass starts;
+                 tui/analysis/passes.py): workers started again each epoch, a costly iter()
+3. cpu-quota     the container's CPU quota throttles the loader
+4. disk          the data disk is busy (>= DISK_BUSY_ENTER)
+5. network-storage  the dataset is on a network filesystem and the loader is not CPU-bound
+6. disk          the loading processes are mostly off-CPU while the node reads
+7. few-workers / cpu-workers / cpu-contention
                  num_workers == 0, the loader's processes are CPU-bound, or the CPU is full
-7. disk          weaker: I/O pressure or iowait while the loader is not CPU-bound
-8. unknown       with a sentence saying what was measured or what is missing
+8. disk          weaker: I/O pressure or iowait while the loader is not CPU-bound
+9. unknown       with a sentence saying what was measured or what is missing
 """
 
 from __future__ import annotations
@@ -305,18 +305,13 @@ def _pass_start(ctx: Context) -> Cause | None:
     if passes is None or passes.share < PASS_START_SHARE:
         return None
     n = passes.passes
-    anyway = f"a batch takes {fmt.dur(passes.batch_wait_s)} anyway"
-    if n == 1:
-        line = (
-            f"the first batch of the last pass waited {fmt.dur(passes.first_wait_s)} "
-            f"({anyway}): {fmt.pct(passes.share)} of the data wait since that pass began"
-        )
-    else:
-        line = (
-            f"the first batch of a pass waited {fmt.dur(passes.first_wait_s)} on average "
-            f"over the last {n} passes ({anyway}): {fmt.pct(passes.share)} of the data "
-            "wait since the first of them"
-        )
+    which, since = ("the last pass", "it") if n == 1 else (f"the last {n} passes", "the first")
+    line = (
+        f"the first batch of a pass waited {fmt.dur(passes.first_wait_s)}"
+        f"{' on average' if n > 1 else ''} over {which} (a batch takes "
+        f"{fmt.dur(passes.batch_wait_s)} anyway): {fmt.pct(passes.share)} of the data wait "
+        f"since {since} began"
+    )
     loader = ctx.loader
     workers = loader.num_workers if loader is not None else None
     if loader is not None and loader.persistent_workers is False and workers:
