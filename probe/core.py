@@ -43,6 +43,7 @@ from gputop_dl.probe.messages import (
     DeviceRef,
     Hello,
     LoaderInfo,
+    LoaderPasses,
     Loop,
     System,
 )
@@ -103,7 +104,7 @@ LOOP_MESSAGES_PER_FLUSH = 2
 REPLAY_MESSAGES = 1 + -(-HISTORY_MAX_STEPS // RECORDS_PER_MESSAGE) + HISTORY_SYSTEMS + 1
 SEND_QUEUE = REPLAY_MESSAGES + 56  # 128: ~10 s of a probe's live messages besides
 PERIODS_KEPT = 30
-PASS_STARTS_KEPT = 16  # Hello.pass_starts: more than a viewer's step window holds
+PASS_STARTS_KEPT = 16  # LoaderPasses.starts: more than a viewer's step window holds
 PASS_START_LOADERS = 8  # loaders whose pass starts are kept (a training's, an evaluation's)
 MAX_PHASES = 64  # named phases per step on the wire (docs/protocol.md, "Limits")
 OTHER_PHASES = "(other phases)"  # the sum of a step's phases past the 63 longest
@@ -313,10 +314,10 @@ class Probe:
         # Loop events for the publisher: (state, unix time, step index, how).
         self._loop_events: deque[tuple[str, float, int, str | None]] = deque(maxlen=1000)
         # The first step's index of each of the last passes of each loader iterated by the
-        # outermost watched loop (Hello.pass_starts: the current one's), by
-        # loader.identity: a viewer tells the waits a pass's start costs from the rest.
-        self._pass_starts: dict[int | None, deque[int]] = {}
-        self._pass_loader: int | None = None  # the loader of the last such pass
+        # outermost watched loop, and the loader's description (Hello.passes), by
+        # loader.identity, the loader used the longest ago first: a viewer tells the
+        # waits a pass's start costs from the rest, each loader's with its settings.
+        self._pass_starts: dict[int | None, tuple[deque[int], LoaderInfo | None]] = {}
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -452,7 +453,7 @@ class Probe:
         if self._passes == 1:
             # Not a loop inside another's step (an evaluation run in a training step):
             # the hello describes this pass's loader and lists its loader's pass starts.
-            self._note_pass_start(loader_key)
+            self._note_pass_start(loader_key, info)
             # The loop's state goes out as a Loop message (which viewers apply to the
             # hello they hold); a new hello only for what else changed: the loader (each
             # epoch's worker pids) or the framework. A hello a pass cost the publisher
@@ -467,18 +468,25 @@ class Probe:
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
 
-    def _note_pass_start(self, loader_key: int | None) -> None:
+    def _note_pass_start(self, loader_key: int | None, info: LoaderInfo | None) -> None:
         known = self._pass_starts
-        starts = known.pop(loader_key, None)  # put back last: the loaders in use stay
-        if starts is None:
+        kept = known.pop(loader_key, None)  # put back last: the loaders in use stay
+        if kept is None:
             if len(known) >= PASS_START_LOADERS:
                 del known[next(iter(known))]  # the loader unused the longest
-            starts = deque(maxlen=PASS_STARTS_KEPT)
-        known[loader_key] = starts
+            starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
+        else:
+            starts = kept[0]
         first = self._index_now()
+        for other, _ in known.values():
+            if other and other[-1] == first:  # an empty pass: this step is this one's
+                other.pop()
         if not starts or starts[-1] != first:  # (after an empty pass)
             starts.append(first)
-        self._pass_loader = loader_key
+        # Worker pids change every pass of workers not kept: the hello's loader has them.
+        if info is not None and info.worker_pids:
+            info = replace(info, worker_pids=())
+        known[loader_key] = (starts, info)
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -672,7 +680,12 @@ class Probe:
             cpu_quota_cores=self._quota,
             device=self._device,
             job=ident.job,
-            pass_starts=tuple(self._pass_starts.get(self._pass_loader, ())),
+            # list() and tuple() copy in C, holding the GIL: the training thread adds
+            # starts while this runs on the publisher's.
+            passes=tuple(
+                LoaderPasses(info, tuple(starts))
+                for starts, info in list(self._pass_starts.values())
+            ),
         )
 
     def _gather_facts(self) -> None:

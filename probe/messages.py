@@ -43,6 +43,16 @@ class LoaderInfo:
 
 
 @dataclass(frozen=True)
+class LoaderPasses:
+    """The last passes over one loader run by an outermost watched loop (not inside
+    another's step): the index of each one's first step, which waited for the pass's start
+    (``iter(loader)``, where a DataLoader forks its workers, and the first batch)."""
+
+    loader: LoaderInfo | None  # its description (no worker pids: the hello's loader has them)
+    starts: Annotated[tuple[Count, ...], msgspec.Meta(max_length=64)] = ()  # oldest first
+
+
+@dataclass(frozen=True)
 class DeviceRef:
     """The accelerator this process trains on, as the probe knows it (never guessed)."""
 
@@ -89,11 +99,11 @@ class Hello:
     # The job this rank belongs to, as its launcher says (probe/jobenv.py): every rank of
     # one job carries the same key; None: not launched as part of a job.
     job: Str | None = None
-    # The index of the first step of each of the last passes (epochs) over the loader
-    # ``loader`` describes, oldest first: that step waited for the pass's start
-    # (iter(loader), where a DataLoader starts its workers, and the first batch). Passes
-    # of a loop inside another's step (an evaluation in a training step) are not listed.
-    pass_starts: Annotated[tuple[Count, ...], msgspec.Meta(max_length=64)] = ()
+    # The starts of the last passes (epochs) over each loader the outermost watched loops
+    # ran over lately (a training loader's, an evaluation loader's run between epochs),
+    # the loader used the longest ago first, the current one (``loader``) last. Passes of
+    # a loop inside another's step (an evaluation in a training step) are not listed.
+    passes: Annotated[tuple[LoaderPasses, ...], msgspec.Meta(max_length=16)] = ()
 
 
 class StepRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):

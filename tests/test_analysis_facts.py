@@ -8,12 +8,13 @@ Every test here is one "Why" bullet of those issues and fails on the analyzer be
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from gputop_dl.probe.messages import DeviceRef, Hello, LoaderInfo, StepRecord
+from gputop_dl.probe.messages import DeviceRef, Hello, LoaderInfo, LoaderPasses, StepRecord
 from gputop_dl.probe.samples import (
     CpuCore,
     CpuSample,
@@ -575,7 +576,14 @@ def test_contention_and_cpu_workers_do_not_swap_on_a_shared_node(
     assert analyze(w, previous=shown).cause == cause
 
 
-# --- the starts of passes (Hello.pass_starts) ---------------------------------------------
+# --- the starts of passes (Hello.passes) ---------------------------------------------------
+
+
+def with_starts(h: Hello, starts: Sequence[int], steps: Sequence[StepRecord] = ()) -> Hello:
+    """The hello with ``starts`` listed for its own loader, and the steps counted so far
+    (``steps``' last, when given)."""
+    told = replace(h, passes=(LoaderPasses(h.loader, tuple(starts)),) if starts else ())
+    return replace(told, step_count=steps[-1].index + 1) if steps else told
 
 
 def epochs(
@@ -623,11 +631,7 @@ def test_the_waits_at_the_starts_of_passes_are_named(
     in bursts at the starts of passes, which only the probe can point at. "Cause unknown"
     before; persistent_workers=True took the demo's run from 331 to 1,344 samples/s."""
     steps, starts = epochs(6, 12, start_wait)  # longer than iter() asks for (2 x 4 batches)
-    h = replace(
-        hello(workers, persistent=persistent),
-        pass_starts=starts if told else (),
-        step_count=steps[-1].index + 1,
-    )
+    h = with_starts(hello(workers, persistent=persistent), starts if told else (), steps)
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0] * workers)))
     assert v.kind == "input-bound", v
     if cause is None:
@@ -653,7 +657,7 @@ def test_a_one_off_wait_at_a_start_among_many_small_ones_is_not_the_cause() -> N
         StepRecord(s.index, s.end_time, 0.09, 0.04, s.samples) if s.index not in starts else s
         for s in steps
     ]
-    h = replace(hello(2, persistent=False), pass_starts=starts, step_count=steps[-1].index + 1)
+    h = with_starts(hello(2, persistent=False), starts, steps)
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
     assert v.kind == "input-bound" and v.cause not in ("worker-restarts", "pass-start"), v
 
@@ -662,11 +666,7 @@ def test_many_tiny_passes_are_judged_over_the_starts_the_probe_lists() -> None:
     """Passes of 2 steps: a 3 s window holds ~30 starts, the hello lists the last 16;
     the steps before the oldest listed are not counted as waits elsewhere."""
     steps, starts = epochs(80, 3, 0.05, period=0.01)
-    h = replace(
-        hello(1, persistent=False, prefetch=2),
-        pass_starts=starts[-16:],
-        step_count=steps[-1].index + 1,
-    )
+    h = with_starts(hello(1, persistent=False, prefetch=2), starts[-16:], steps)
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
     assert v.cause == "worker-restarts", text(v)
     assert "on average over the last 16 passes (a batch takes 1.0 ms anyway)" in text(v), text(v)
@@ -717,7 +717,7 @@ def test_a_slow_loaders_first_batch_is_not_a_start_cost(
     is the start's (a review: "pass-start" over a CPU-bound loader, its headroom +185 %
     where keeping the workers gave +39 %)."""
     steps, starts = passes_of(pattern, passes)
-    told = replace(h, pass_starts=starts[-16:], step_count=steps[-1].index + 1)
+    told = with_starts(h, starts[-16:], steps)
     assert analyze(window(steps, h=told, **host)).cause == cause
 
 
@@ -728,9 +728,9 @@ def test_starts_the_hello_cannot_list_yet_are_not_counted_as_other_waits() -> No
     steps, starts = epochs(80, 3, 0.05, period=0.01)
     known = starts[-10]  # the hello is 10 passes old
     fresh = replace(
-        hello(1, persistent=False, prefetch=2), pass_starts=starts[-16:], step_count=10**6
+        with_starts(hello(1, persistent=False, prefetch=2), starts[-16:]), step_count=10**6
     )
-    old = replace(fresh, pass_starts=tuple(i for i in starts if i < known)[-16:], step_count=known)
+    old = replace(with_starts(fresh, tuple(i for i in starts if i < known)[-16:]), step_count=known)
     judged = [analyze(window(steps, h=h, procs=processes(30.0, [5.0]))) for h in (fresh, old)]
     assert [v.cause for v in judged] == ["worker-restarts"] * 2, [text(v) for v in judged]
     share = [re.search(r"\): (\d+) % of the data wait", text(v)) for v in judged]
@@ -743,11 +743,7 @@ def test_a_pass_no_longer_than_what_iter_asks_for_tells_no_start() -> None:
     at once, so the first wait is the pass's making, whatever the start costs (a review:
     "pass-start" with "at most ≈ 704 samples/s" where the workers can make 400)."""
     steps, starts = passes_of([0.04, 0.0, 0.0, 0.0], 40)
-    h = replace(
-        hello(2, persistent=True, prefetch=2),
-        pass_starts=starts[-16:],
-        step_count=steps[-1].index + 1,
-    )
+    h = with_starts(hello(2, persistent=True, prefetch=2), starts[-16:], steps)
     v = analyze(window(steps, h=h, cpu=cores(2, pinned=2), procs=processes(20.0, [99.0] * 2)))
     assert v.kind == "input-bound" and v.cause not in ("pass-start", "worker-restarts"), text(v)
 
@@ -758,11 +754,7 @@ def test_workers_that_keep_ahead_give_no_batch_time_to_subtract() -> None:
     "compute-bound" or "unknown" with "waits come in bursts"; kept workers gave +15 %)."""
     steps, starts = passes_of([0.7] + [0.0] * 49, 6, compute=0.1)
     steps = [s for s in steps if s.index < starts[-1] + 10]  # a start in the last 3 s
-    h = replace(
-        hello(8, persistent=False, prefetch=2),
-        pass_starts=starts[-16:],
-        step_count=steps[-1].index + 1,
-    )
+    h = with_starts(hello(8, persistent=False, prefetch=2), starts[-16:], steps)
     v = analyze(window(steps, h=h, procs=processes(30.0, [3.0] * 8)))
     assert v.cause == "worker-restarts", text(v)
     assert not any("bursts" in e for e in v.evidence), v.evidence
@@ -774,3 +766,91 @@ def test_workers_that_keep_ahead_give_no_batch_time_to_subtract() -> None:
     assert found is not None, v.headroom
     assert abs(float(found.group(1).replace(",", "")) - ceiling) <= 1, (v.headroom, ceiling)
     assert "(over the last 6 passes: " in (v.headroom or ""), v.headroom
+
+
+def train_and_evaluate(
+    epochs_run: int, train_start: float, val_start: float
+) -> tuple[list[StepRecord], tuple[int, ...], tuple[int, ...]]:
+    """Epochs of 20 training steps (the first waits ``train_start``), each followed by an
+    evaluation of 8 steps (the first waits ``val_start``); the others wait 1 ms, 20 ms
+    steps. And each loop's pass starts."""
+    steps, train, val, end, index = [], [], [], T0, PAST_PREFETCH
+    for _ in range(epochs_run):
+        for starts, n, first in ((train, 20, train_start), (val, 8, val_start)):
+            starts.append(index)
+            for i in range(n):
+                wait = first if i == 0 else 0.001
+                end += 0.02 + wait
+                steps.append(StepRecord(index, end, 0.02 + wait, wait, 8))
+                index += 1
+    return steps, tuple(train), tuple(val)
+
+
+TRAIN = LoaderInfo(
+    "torch.DataLoader", num_workers=2, batch_size=8, prefetch_factor=2, persistent_workers=False
+)
+VAL = replace(TRAIN, batch_size=16)
+
+TRAIN_AND_EVALUATE = {
+    # (training loader, its start's wait, evaluation loader, its start's wait, cause, named)
+    "both restart their workers": (TRAIN, 0.5, VAL, 0.3, "worker-restarts", 2),
+    "training's kept, evaluation's restart": (
+        replace(TRAIN, persistent_workers=True),
+        0.002,
+        VAL,
+        0.3,
+        "worker-restarts",
+        1,
+    ),
+    "both kept, a slow start of the training's": (
+        replace(TRAIN, persistent_workers=True),
+        0.5,
+        replace(VAL, persistent_workers=True),
+        0.002,
+        "pass-start",
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("train", "train_start", "val", "val_start", "cause", "named"),
+    list(TRAIN_AND_EVALUATE.values()),
+    ids=list(TRAIN_AND_EVALUATE),
+)
+@pytest.mark.parametrize("current", ["training", "evaluation"])
+def test_a_training_and_its_evaluation_between_epochs_are_judged_each_on_its_passes(
+    train: LoaderInfo,
+    train_start: float,
+    val: LoaderInfo,
+    val_start: float,
+    cause: str,
+    named: int,
+    current: str,
+) -> None:
+    """Both loops outermost, taking turns: each loader's starts judged with its own
+    settings, whichever loop runs now (the hello listed the current loader's only: a real
+    run read "worker-restarts" during training and "cause unknown" during evaluation, in
+    turn, and only the training's 59 % of the wait was explained)."""
+    steps, train_starts, val_starts = train_and_evaluate(8, train_start, val_start)
+    now = train if current == "training" else val
+    listed = (LoaderPasses(val, val_starts), LoaderPasses(train, train_starts))
+    if current == "evaluation":
+        listed = listed[::-1]
+    h = replace(hello(2, persistent=False), loader=now, passes=listed)
+    h = replace(h, step_count=steps[-1].index + 1)
+    v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
+    assert v.cause == cause, text(v)
+    share = re.search(r"cost (\d+) % of the data wait", text(v))
+    assert share is not None and int(share.group(1)) >= 90, text(v)
+    names = [e for e in v.evidence if " steps: the first batch of a pass waited" in e]
+    assert len(names) == named, v.evidence
+    assert names[0].startswith(
+        "DataLoader(batch_size=8, num_workers=2), passes of 20 steps"
+        if train_start > val_start
+        else "DataLoader(batch_size=16, num_workers=2), passes of 8 steps"
+    ), names
+    if cause == "worker-restarts":
+        who = "both loaders" if named == 2 else "the loader of 8-step passes"
+        said = f"persistent_workers=False on {who}: every pass (epoch) forks the workers"
+        assert any(e.startswith(said) for e in v.evidence), v.evidence

@@ -324,8 +324,10 @@ def test_an_inner_loop_leaves_the_training_loader_described(p: Recording) -> Non
 
 def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
     """A training loop and an evaluation loop after each epoch, both outermost: the hello
-    lists the starts of the passes of the loader it describes, not both loaders' mixed."""
-    train, val = tensor_loader(n=20), tensor_loader(n=8, batch=2)
+    lists each loader's pass starts with its own settings, the current one last (it listed
+    only the current loader's: a viewer judged the training's starts during training and
+    the evaluation's during evaluation, and the verdict flipped between them)."""
+    train, val = tensor_loader(n=20, num_workers=2), tensor_loader(n=8, batch=2)
     for _ in range(3):
         for _ in p.watch(train):  # a new wrapper each epoch, as scripts write it
             pass
@@ -335,8 +337,32 @@ def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
         evaluation = p.hello()
     assert training.loader is not None and training.loader.batch_size == 4
     assert evaluation.loader is not None and evaluation.loader.batch_size == 2
-    assert training.pass_starts == (0, 9, 18), training.pass_starts  # 5 + 4 steps an epoch
-    assert evaluation.pass_starts == (5, 14, 23), evaluation.pass_starts
+    by_batch = {
+        (lp.loader.batch_size if lp.loader else None): lp.starts for lp in evaluation.passes
+    }
+    assert by_batch == {4: (0, 9, 18), 2: (5, 14, 23)}, evaluation.passes  # 5 + 4 steps an epoch
+    assert [lp.starts for lp in training.passes] == [(5, 14), (0, 9, 18)], training.passes
+    # Worker pids change each pass of workers not kept: only the hello's loader has them.
+    assert training.loader.worker_pids and evaluation.passes[0].loader is not None
+    assert evaluation.passes[0].loader.num_workers == 2
+    assert evaluation.passes[0].loader.worker_pids == ()
+
+
+def test_an_empty_pass_leaves_its_first_step_to_the_next_loader(p: Recording) -> None:
+    """An evaluation loader found empty, then the training's next pass: both began at one
+    step index, which is the training's (listed under both, a viewer could take the
+    training's first step for the evaluation's)."""
+    train, empty = tensor_loader(n=20), tensor_loader(n=0, batch=2)
+    for _ in range(2):
+        for _ in p.watch(train):
+            pass
+        for _ in p.watch(empty):
+            pass
+    assert [lp.starts for lp in p.hello().passes] == [(0, 5), (10,)]  # the next step's
+    for _ in p.watch(train):
+        pass
+    by_batch = {(lp.loader.batch_size if lp.loader else None): lp.starts for lp in p.hello().passes}
+    assert by_batch == {2: (), 4: (0, 5, 10)}, by_batch
 
 
 def test_a_loader_built_again_every_epoch_keeps_its_pass_starts(p: Recording) -> None:
@@ -347,4 +373,4 @@ def test_a_loader_built_again_every_epoch_keeps_its_pass_starts(p: Recording) ->
     for _ in range(3):
         for _ in p.watch(DataLoader(dataset, batch_size=4)):
             pass
-    assert p.hello().pass_starts == (0, 5, 10)
+    assert [lp.starts for lp in p.hello().passes] == [(0, 5, 10)]

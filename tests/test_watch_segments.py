@@ -860,7 +860,8 @@ def test_a_pass_start_is_the_first_steps_wait_and_the_hello_names_it(p: probe.Pr
             if i == 12:
                 for _ in val:  # an evaluation inside a step
                     pass
-    starts = p.hello().pass_starts
+    (listed,) = p.hello().passes  # the training's loader's only
+    starts = listed.starts
     rows = published(p, reader)
     assert len(starts) == 3 and starts[0] == 0, starts
     slow = [r["index"] for r in rows if r["wait_s"] >= 0.9 * START_S]

@@ -1116,9 +1116,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         own_device=own,
         device_note=note,
         passes=(
-            pass_start_costs(steps, hello.pass_starts, hello.step_count, hello.loader)
-            if hello is not None
-            else None
+            pass_start_costs(steps, hello.passes, hello.step_count) if hello is not None else None
         ),
     )
     main = _throughput(ctx)

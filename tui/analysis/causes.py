@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from gputop_dl.probe.messages import LoaderInfo
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.host import HostStats, is_network_fs
-from gputop_dl.tui.analysis.passes import PassStarts
+from gputop_dl.tui.analysis.passes import LoaderStarts, PassStarts
 from gputop_dl.tui.analysis.thresholds import (
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
@@ -45,6 +45,7 @@ from gputop_dl.tui.analysis.thresholds import (
     OTHER_NAMED_MIN_PCT,
     OTHERS_CPU_SHARE,
     OTHERS_CPU_SHARE_BAND,
+    PASS_LOADER_SHARE,
     PASS_START_SHARE,
     PROCESS_SATURATED_PCT,
     SWAP_IN_ENTER_BPS,
@@ -300,30 +301,41 @@ def _pass_start(ctx: Context) -> Cause | None:
     """Most of the wait is what the starts of passes cost beyond a first batch's making
     (the probe says which steps began one; tui/analysis/passes.py): each epoch waits for
     its loader to start. With workers not kept between passes that start is theirs: a
-    fork and an init each, every epoch."""
+    fork and an init each, every epoch (a training loader's, an evaluation loader's)."""
     passes = ctx.passes
     if passes is None or passes.share < PASS_START_SHARE:
         return None
-    n = passes.passes
-    which, since = ("the last pass", "it") if n == 1 else (f"the last {n} passes", "the first")
-    line = (
-        f"the first batch of a pass waited {fmt.dur(passes.first_wait_s)}"
-        f"{' on average' if n > 1 else ''} over {which} (a batch takes "
-        f"{fmt.dur(passes.batch_wait_s)} anyway): {fmt.pct(passes.share)} of the data wait "
-        f"since {since} began"
-    )
-    loader = ctx.loader
-    workers = loader.num_workers if loader is not None else None
-    if loader is not None and loader.persistent_workers is False and workers:
+    lines = _pass_lines(passes)
+    restarting = [
+        starts
+        for starts in passes.loaders
+        if starts.loader is not None
+        and starts.loader.persistent_workers is False
+        and starts.loader.num_workers
+    ]
+    # The advice fits when the loaders whose workers start again cost most of it.
+    if sum(starts.share for starts in restarting) >= passes.share / 2:
+        whose = "the loaders'" if len(restarting) > 1 else "the loader's"
+        if len(passes.loaders) == 1:
+            workers = restarting[0].loader.num_workers if restarting[0].loader else None
+            said = f"num_workers={workers}, persistent_workers=False"
+        else:
+            everyone = len(restarting) == len(passes.loaders)
+            who = (
+                ("both loaders" if len(restarting) == 2 else f"all {len(restarting)} loaders")
+                if everyone
+                else " and ".join(_short_name(starts) for starts in restarting)
+            )
+            said = f"persistent_workers=False on {who}"
         return Cause(
             "worker-restarts",
             0.85,
-            "the loader's workers start again at every pass (persistent_workers=False)",
+            f"{whose} workers start again at every pass (persistent_workers=False)",
             _merge(
                 [
-                    line,
-                    f"num_workers={workers}, persistent_workers=False: every pass (epoch) "
-                    "forks the workers again and waits for their first batches",
+                    *lines,
+                    f"{said}: every pass (epoch) forks the workers again and waits for their "
+                    "first batches",
                 ],
                 host_evidence(ctx),
             ),
@@ -340,7 +352,7 @@ def _pass_start(ctx: Context) -> Cause | None:
         "opened, an index loaded or shuffled, a generator's set-up): do it once, outside "
         "the loop",
     ]
-    if workers:
+    if any(starts.loader is not None and starts.loader.num_workers for starts in passes.loaders):
         advice.append(
             "its workers: the first batches of a pass are not prefetched during the previous "
             "one; more passes of fewer steps make this worse"
@@ -349,10 +361,64 @@ def _pass_start(ctx: Context) -> Cause | None:
         "pass-start",
         0.7,
         "each pass waits for its loader to start",
-        _merge([line], host_evidence(ctx)),
+        _merge(lines, host_evidence(ctx)),
         tuple(advice),
         starts=passes,
     )
+
+
+def _pass_lines(passes: PassStarts) -> list[str]:
+    """One line for one loader; for more, the whole share, then each loader's starts
+    (those that cost a tenth of the wait or more, two at most)."""
+
+    def waited(starts: LoaderStarts) -> str:
+        n = starts.passes
+        which = "the last pass" if n == 1 else f"the last {n} passes"
+        return (
+            f"waited {fmt.dur(starts.first_wait_s)}{' on average' if n > 1 else ''} over "
+            f"{which} (a batch takes {fmt.dur(starts.batch_wait_s)} anyway)"
+        )
+
+    if len(passes.loaders) == 1:
+        starts = passes.loaders[0]
+        since = "it" if starts.passes == 1 else "the first"
+        return [
+            f"the first batch of a pass {waited(starts)}: {fmt.pct(passes.share)} of the data "
+            f"wait since {since} began"
+        ]
+    lines = [
+        f"the starts of passes over {len(passes.loaders)} loaders cost "
+        f"{fmt.pct(passes.share)} of the data wait since the first of the last "
+        f"{passes.passes} began"
+    ]
+    for starts in passes.loaders[:2]:
+        if starts.share >= PASS_LOADER_SHARE:
+            length = f", passes of {starts.pass_steps} steps" if starts.pass_steps else ""
+            lines.append(
+                f"{_loader_name(starts.loader)}{length}: the first batch of a pass "
+                f"{waited(starts)}: {fmt.pct(starts.share)} of the data wait"
+            )
+    return lines
+
+
+def _short_name(starts: LoaderStarts) -> str:
+    """A loader by its passes' length (what tells a training's from an evaluation's)."""
+    if starts.pass_steps:
+        return f"the loader of {starts.pass_steps}-step passes"
+    return _loader_name(starts.loader)
+
+
+def _loader_name(info: LoaderInfo | None) -> str:
+    """A loader as its settings say (the probe does not know the variable's name)."""
+    if info is None:
+        return "a loader"
+    kind = info.kind.rsplit(".", 1)[-1]
+    settings = [
+        f"{name}={value}"
+        for name, value in (("batch_size", info.batch_size), ("num_workers", info.num_workers))
+        if value is not None
+    ]
+    return f"{kind}({', '.join(settings)})"
 
 
 def _memory(ctx: Context) -> Cause | None:

@@ -2,8 +2,10 @@
 loader to start (a DataLoader forking and initialising its workers again, a sampler's
 ``__iter__``), over what a first batch waits anyway (pure).
 
-The probe names the steps that began a pass (``Hello.pass_starts``, its last 16, as of
-its last hello). A first batch is made from nothing, so it waits longer than the steps
+The probe names the steps that began a pass (``Hello.passes``: the last 16 of each loader
+an outermost loop ran over lately, as of its last hello); a step belongs to the pass
+begun last before it, whichever loader's, and each loader is judged on its own passes
+with its own settings. A first batch is made from nothing, so it waits longer than the steps
 after it even when the start costs nothing: only its wait beyond a batch's making is the
 start's cost. That reference is the longer of the other steps' 90th-percentile wait (a
 loader without workers makes each batch in the wait) and ``num_workers`` periods of
@@ -20,11 +22,12 @@ first wait. The headroom takes the first reference only: an upper bound.
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 
-from gputop_dl.probe.messages import LoaderInfo, StepRecord
+from gputop_dl.probe.messages import LoaderInfo, LoaderPasses, StepRecord
 from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS, PASS_OTHER_STEPS
 
 REFERENCE_PERCENTILE = 0.9
@@ -33,14 +36,27 @@ TORCH_PREFETCH_FACTOR = 2  # a DataLoader's default with workers
 
 
 @dataclass(frozen=True)
+class LoaderStarts:
+    """One loader's pass starts among the steps judged."""
+
+    loader: LoaderInfo | None  # as the probe described it
+    passes: int  # its pass starts among those steps
+    first_wait_s: float  # a pass's first step's data wait, on average
+    batch_wait_s: float  # what a first batch of its waits anyway (the reference above)
+    share: float  # its starts' waits beyond the reference / all the data wait judged
+    pass_steps: int | None  # steps a pass of it runs (the median of whole ones); None: none
+
+
+@dataclass(frozen=True)
 class PassStarts:
     """The starts of passes over the steps judged: from the oldest listed start among the
-    recent steps to the last step the hello could list a start for."""
+    recent steps to the last step the hello could list a start for. The loops of a
+    training loader and of an evaluation loader run between its epochs take turns: each
+    step is its pass's, and each pass its loader's."""
 
-    passes: int  # pass starts among those steps
-    first_wait_s: float  # a pass's first step's data wait, on average
-    batch_wait_s: float  # what a first batch waits anyway (the reference above)
-    share: float  # their waits beyond the reference / all the data wait of those steps
+    loaders: tuple[LoaderStarts, ...]  # the loaders judged, the costliest first
+    passes: int  # their pass starts among those steps
+    share: float  # their waits beyond their references / all the data wait of those steps
     rate: float  # samples (or steps, without counts) a second over those steps
     ceiling: float  # the same without the first steps' waits beyond the other steps'
     #   typical wait, never above the rate without any wait: an upper bound
@@ -52,33 +68,86 @@ def _wait(step: StepRecord) -> float:
     return wait if wait < step.period_s else step.period_s
 
 
+@dataclass
+class _Loader:
+    firsts: list[StepRecord] = field(default_factory=list)
+    others: list[StepRecord] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # its passes' steps, whole ones
+
+
 def pass_start_costs(
-    steps: Sequence[StepRecord],
-    pass_starts: Sequence[int],
-    known: int,
-    loader: LoaderInfo | None,
+    steps: Sequence[StepRecord], passes: Sequence[LoaderPasses], known: int
 ) -> PassStarts | None:
-    """``steps``: usable steps, oldest first; ``pass_starts``: the hello's; ``known``:
-    its ``step_count`` (a start after it is not listed yet: the steps from there on are
-    left out, or they would count a start as any other wait); ``loader``: the hello's.
-    None without starts among the steps, without enough other steps to tell what a batch
-    waits anyway, or with passes too short to tell a start from a first batch."""
+    """``steps``: usable steps, oldest first; ``passes``: the hello's; ``known``: its
+    ``step_count`` (a start after it is not listed yet: the steps from there on are left
+    out, or they would count a start as any other wait). None without starts among the
+    steps, or without a loader whose starts can be told apart from its first batches
+    (enough other steps to tell what a batch waits anyway, passes longer than what
+    ``iter()`` asks for at once)."""
     tail = steps[-MAX_WINDOW_STEPS:]
-    if not pass_starts or not tail:
+    if not tail:
         return None
-    listed = sorted({i for i in pass_starts if tail[0].index <= i < known})
+    owner: dict[int, int] = {}  # a pass's first step -> its loader (in ``passes``)
+    for which, listed_passes in enumerate(passes):
+        for start in listed_passes.starts:
+            owner[start] = which  # (listed twice: the later loader's, the one run last)
+    listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
         return None
-    workers = (loader.num_workers if loader is not None else None) or 0
-    if workers and len(listed) >= 2:
-        prefetch = loader.prefetch_factor if loader is not None else None
-        asked = workers * (prefetch or TORCH_PREFETCH_FACTOR)
-        if statistics.median(b - a for a, b in pairwise(listed)) <= asked:
-            return None
-    starts = set(listed)
     judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
-    firsts = [s for s in judged if s.index in starts]
-    others = [s for s in judged if s.index not in starts]
+    loaders: dict[int, _Loader] = {}
+    for start, end in pairwise(listed):
+        loaders.setdefault(owner[start], _Loader()).lengths.append(end - start)
+    for step in judged:
+        start = listed[bisect_right(listed, step.index) - 1]
+        group = loaders.setdefault(owner[start], _Loader())
+        (group.firsts if step.index == start else group.others).append(step)
+    waited = sum(_wait(s) for s in judged)
+    span = sum(s.period_s for s in judged)
+    if waited <= 0 or span <= waited:
+        return None
+    found = []
+    saved = 0.0  # the first steps' waits beyond the other steps' typical wait
+    for which, group in loaders.items():
+        info = passes[which].loader
+        costs = _loader_costs(info, group)
+        if costs is not None:
+            beyond, beyond_typical, first_wait, reference = costs
+            length = round(statistics.median(group.lengths)) if group.lengths else None
+            found.append(
+                LoaderStarts(
+                    info, len(group.firsts), first_wait, reference, beyond / waited, length
+                )
+            )
+            saved += beyond_typical
+    if not found:
+        return None
+    found.sort(key=lambda starts: starts.share, reverse=True)
+    per_sample = all(s.samples is not None for s in judged)
+    done = float(sum(s.samples or 0 for s in judged)) if per_sample else float(len(judged))
+    return PassStarts(
+        loaders=tuple(found),
+        passes=sum(starts.passes for starts in found),
+        share=sum(starts.share for starts in found),
+        rate=done / span,
+        ceiling=done / (span - saved),
+        per_sample=per_sample,
+    )
+
+
+def _loader_costs(
+    info: LoaderInfo | None, group: _Loader
+) -> tuple[float, float, float, float] | None:
+    """(waits beyond the reference, beyond the other steps' typical wait, a first step's
+    mean wait, the reference) of one loader's first steps; None where they cannot be told
+    from first batches."""
+    workers = (info.num_workers if info is not None else None) or 0
+    if workers and group.lengths:
+        prefetch = info.prefetch_factor if info is not None else None
+        asked = workers * (prefetch or TORCH_PREFETCH_FACTOR)
+        if statistics.median(group.lengths) <= asked:
+            return None
+    firsts, others = group.firsts, group.others
     if not firsts or len(others) < PASS_OTHER_STEPS:
         return None
     waits = sorted(_wait(s) for s in others)
@@ -88,18 +157,4 @@ def pass_start_costs(
     first_waits = [_wait(s) for s in firsts]
     beyond = sum(max(0.0, w - reference) for w in first_waits)
     beyond_typical = sum(max(0.0, w - typical) for w in first_waits)
-    waited = sum(_wait(s) for s in judged)
-    span = sum(s.period_s for s in judged)
-    if waited <= 0 or span <= waited:
-        return None
-    per_sample = all(s.samples is not None for s in judged)
-    done = float(sum(s.samples or 0 for s in judged)) if per_sample else float(len(judged))
-    return PassStarts(
-        passes=len(firsts),
-        first_wait_s=sum(first_waits) / len(firsts),
-        batch_wait_s=reference,
-        share=beyond / waited,
-        rate=done / span,
-        ceiling=done / (span - beyond_typical),
-        per_sample=per_sample,
-    )
+    return beyond, beyond_typical, sum(first_waits) / len(firsts), reference

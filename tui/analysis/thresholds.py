@@ -66,6 +66,7 @@ FIRST_STEPS_STALL_S = 30.0
 # data wait (workers started again each epoch, a loader's costly iter()).
 PASS_START_SHARE = 0.5
 PASS_OTHER_STEPS = 3  # steps besides the starts, to know what a batch waits anyway
+PASS_LOADER_SHARE = 0.1  # a loader whose starts cost this share of the wait is named
 MIN_SYSTEMS = 2  # host-based causes need at least two samples (one can be a transient)
 SYSTEM_WINDOW_S = 6.0  # host figures are medians over the samples of the last 6 s
 CORE_PINNED_PCT = 90.0  # a core this busy is pinned
