@@ -318,11 +318,16 @@ class Probe:
         # loader.identity, the loader used the longest ago first: a viewer tells the
         # waits a pass's start costs from the rest, each loader's with its settings.
         self._pass_starts: dict[int | None, tuple[deque[int], LoaderInfo | None]] = {}
+        # Those starts' indices for the publisher, which notes each one's first step's
+        # wait when it drains that step (LoaderPasses.waits): no work a step here.
+        self._starts_due: deque[int] = deque(maxlen=PASS_STARTS_KEPT * PASS_START_LOADERS)
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
 
         # Publisher-thread state: facts gathered off the training thread.
+        self._awaiting_starts: set[int] = set()  # starts whose first step is not drained
+        self._start_waits: dict[int, float] = {}  # a start's index -> its first step's wait
         self._affinity: tuple[int, ...] = ()
         self._quota: float | None = None
         self._device: DeviceRef | None = None
@@ -483,6 +488,7 @@ class Probe:
                 other.pop()
         if not starts or starts[-1] != first:  # (after an empty pass)
             starts.append(first)
+            self._starts_due.append(first)
         # Worker pids change every pass of workers not kept: the hello's loader has them.
         if info is not None and info.worker_pids:
             info = replace(info, worker_pids=())
@@ -680,12 +686,22 @@ class Probe:
             cpu_quota_cores=self._quota,
             device=self._device,
             job=ident.job,
-            # list() and tuple() copy in C, holding the GIL: the training thread adds
-            # starts while this runs on the publisher's.
-            passes=tuple(
-                LoaderPasses(info, tuple(starts))
-                for starts, info in list(self._pass_starts.values())
-            ),
+            passes=self._loader_passes(),
+        )
+
+    def _loader_passes(self) -> tuple[LoaderPasses, ...]:
+        """Publisher thread: each loader's pass starts and their first steps' waits."""
+        # list() and tuple() copy in C, holding the GIL: the training thread adds starts
+        # while this runs.
+        listed = [(tuple(starts), info) for starts, info in list(self._pass_starts.values())]
+        waits = self._start_waits
+        if len(waits) > 2 * PASS_STARTS_KEPT * PASS_START_LOADERS:  # forget unlisted ones
+            kept = {i for starts, _ in listed for i in starts}
+            for index in [i for i in waits if i not in kept]:
+                del waits[index]
+        return tuple(
+            LoaderPasses(info, starts, tuple(waits.get(i) for i in starts))
+            for starts, info in listed
         )
 
     def _gather_facts(self) -> None:
@@ -917,6 +933,7 @@ class Probe:
         if raws and raws[-1][0] >= limit:  # queued after `limit` was read: next drain
             st.held = [raw for raw in raws if raw[0] >= limit]
             raws = raws[: len(raws) - len(st.held)]
+        self._note_start_waits(raws)
         spans = self._segment_spans(limit)
         fixes = st.count_fixes
         for _ in range(len(self._count_fixes)):  # after the readings: a fix precedes its end
@@ -996,6 +1013,25 @@ class Probe:
         if fixes:
             out = _fixed(out, fixes)
         return self._drained(st, Batch(b + wall_offset, out, clock_ns=base_ns))
+
+    def _note_start_waits(self, raws: list[_Raw]) -> None:
+        """Publisher thread: the data wait of the first step of each pass listed since the
+        last drain, from its raw record (a pass's first step is always timed in Python,
+        with its wait; a C-timed segment holds none)."""
+        due, awaiting = self._starts_due, self._awaiting_starts
+        for _ in range(len(due)):
+            awaiting.add(due.popleft())
+        if not awaiting or not raws:
+            return
+        for raw in raws:
+            if raw[0] in awaiting:
+                awaiting.discard(raw[0])
+                if raw[2] >= 0:  # (probe.step records no wait)
+                    self._start_waits[raw[0]] = max(0.0, raw[2] - raw[1])
+        # A start drained past without its step (an empty pass's, steps dropped): none.
+        newest = raws[-1][0]
+        for index in [i for i in awaiting if i < newest]:
+            awaiting.discard(index)
 
     @staticmethod
     def _drained(st: _DrainState, batch: Batch) -> Batch | None:

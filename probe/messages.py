@@ -50,6 +50,10 @@ class LoaderPasses:
 
     loader: LoaderInfo | None  # its description (no worker pids: the hello's loader has them)
     starts: Annotated[tuple[Count, ...], msgspec.Meta(max_length=64)] = ()  # oldest first
+    # Each start's first step's data wait (what the pass's start cost, with its first
+    # batch), in the order of ``starts``; None: not published yet (the first batch still
+    # awaited) or not timed. Only as many as ``starts``.
+    waits: Annotated[tuple[Seconds | None, ...], msgspec.Meta(max_length=64)] = ()
 
 
 @dataclass(frozen=True)

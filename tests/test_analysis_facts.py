@@ -172,6 +172,53 @@ def test_a_pass_entered_after_an_evaluation_waits_from_its_entry() -> None:
     assert "the loop was entered 15 s ago, no step since" in later.evidence[0], later.evidence
 
 
+START_STALLS = {
+    # (the loader's earlier starts' waits, s since the loop was entered, kind, severity)
+    "as long as the last starts: starting a pass": ((14.0, 13.8), 13.0, "starting-pass", "info"),
+    "up to twice the longest of them": ((14.0, 13.8), 27.0, "starting-pass", "info"),
+    "past twice the longest: a stall": ((14.0, 13.8), 29.0, "stalled", "critical"),
+    "a loader whose starts are quick: a stall at 10 s": ((0.2, 0.3), 11.0, "stalled", "critical"),
+    "its first start seen: a warning": ((), 13.0, "starting-pass", "warning"),
+    "its first start seen, past 30 s: a stall": ((), 31.0, "stalled", "critical"),
+}
+
+
+@pytest.mark.parametrize(
+    ("earlier", "gap", "kind", "severity"), list(START_STALLS.values()), ids=list(START_STALLS)
+)
+def test_a_pass_start_is_judged_against_the_loaders_last_starts(
+    earlier: tuple[float, ...], gap: float, kind: str, severity: str
+) -> None:
+    """Workers forked and initialised again at every epoch (14 s here): each epoch's
+    start was "Stalled [critical]" after 10 s, however long the last starts took. The
+    probe lists the loader's starts with their waits; the newest one's wait not known yet
+    says the loop awaits that pass's first step."""
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    first = PAST_PREFETCH
+    starts = tuple(first + 40 * i for i in range(len(earlier))) + (steps[-1].index + 1,)
+    info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
+    listed = LoaderPasses(info, starts, (*earlier, None))
+    h = with_facts(hello(), loop="in-loop", loop_since=last + 0.01, passes=(listed,))
+    v = analyze(window(steps, h=h, now=last + 0.01 + gap, procs=processes(1.0)))
+    assert (v.kind, v.severity) == (kind, severity), text(v)
+    if kind == "starting-pass":
+        assert v.headline.startswith(f"Starting a pass: no batch for {gap:.0f} s"), v.headline
+    elif earlier and max(earlier) > 1:
+        assert any("this start has taken 2.1x that" in e for e in v.evidence), v.evidence
+
+
+def test_a_pass_whose_first_step_is_published_is_no_longer_starting() -> None:
+    """Its wait known (the first step published), the loop stuck later in that pass: a
+    stall at the usual threshold, whatever the starts take."""
+    steps = make_steps(40)
+    last = steps[-1].end_time
+    listed = LoaderPasses(None, (PAST_PREFETCH, steps[-1].index), (14.0, 13.0))
+    h = with_facts(hello(), loop="in-loop", loop_since=last - 1, passes=(listed,))
+    v = analyze(window(steps, h=h, now=last + 11, procs=processes(1.0)))
+    assert v.kind == "stalled", text(v)
+
+
 @pytest.mark.parametrize(
     ("done", "in_loop_s", "severity"),
     [(0, 20.0, "info"), (0, 45.0, "warning"), (2, 45.0, "warning"), (0, 600.0, "warning")],

@@ -860,10 +860,15 @@ def test_a_pass_start_is_the_first_steps_wait_and_the_hello_names_it(p: probe.Pr
             if i == 12:
                 for _ in val:  # an evaluation inside a step
                     pass
+    rows = published(p, reader)
     (listed,) = p.hello().passes  # the training's loader's only
     starts = listed.starts
-    rows = published(p, reader)
     assert len(starts) == 3 and starts[0] == 0, starts
+    # Each start's wait, as its first step's published wait (to the microsecond).
+    waits = {r["index"]: r["wait_s"] for r in rows}
+    assert len(listed.waits) == 3 and all(w is not None for w in listed.waits), listed
+    for index, wait in zip(starts, listed.waits, strict=True):
+        assert wait is not None and abs(wait - waits[index]) < 2e-6, (index, wait, waits[index])
     slow = [r["index"] for r in rows if r["wait_s"] >= 0.9 * START_S]
     assert slow[0::2] == list(starts), (slow, starts)  # and each evaluation's first step
     assert len(slow) == 6 and not set(slow[1::2]) & set(starts), slow

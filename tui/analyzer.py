@@ -77,6 +77,8 @@ from gputop_dl.tui.analysis.thresholds import (
     OUTSIDE_SHOW_S,
     OVERHEAD_MAX_UTIL_PCT,
     PASS_START_SHARE,
+    PASS_START_STALL_FACTOR,
+    PASS_START_STALL_STARTS,
     PCIE_RX_HIGH_BPS,
     PERSIST_S,
     PERSIST_UPDATES,
@@ -94,7 +96,7 @@ from gputop_dl.tui.analysis.thresholds import (
 
 SEVERITIES = ("ok", "info", "warning", "critical")
 # Shown at once, and left at once: facts, not judgements that could flap.
-IMMEDIATE_KINDS = frozenset({"stalled", "warming-up", "outside-loop"})
+IMMEDIATE_KINDS = frozenset({"stalled", "warming-up", "outside-loop", "starting-pass"})
 
 
 @dataclass(frozen=True)
@@ -535,8 +537,16 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     )
+    at_start = _at_pass_start(hello) if from_entry else False
+    usual = at_start if isinstance(at_start, tuple) else None
     if from_entry:
+        if at_start is not False:
+            starting = _starting_pass(window, gap, limit, usual, last_index)
+            if starting is not None:
+                return starting
         evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
+        if usual is not None:
+            evidence.append(f"{_took(usual)}: this start has taken {gap / usual[0]:.1f}x that")
     else:
         evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
     state = _process_state(
@@ -584,6 +594,86 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         advice=advice,
         conditions=("stalled",),
     )
+
+
+def _at_pass_start(hello: Hello | None) -> tuple[float, str] | bool | None:
+    """Whether the probe says the loop awaits the first step of a pass it listed (the
+    current loader's newest start, its wait not known yet): False if not; else (the
+    longest wait of that loader's last starts, "the last N passes"), or None without any."""
+    if hello is None or not hello.passes:
+        return False
+    current = hello.passes[-1]
+    waits_listed = len(current.waits) == len(current.starts)
+    if not current.starts or not waits_listed or current.waits[-1] is not None:
+        return False
+    waits = [w for w in current.waits[:-1] if w is not None][-PASS_START_STALL_STARTS:]
+    if not waits:
+        return None
+    n = len(waits)
+    return max(waits), ("the last pass's first batch" if n == 1 else f"the last {n} passes")
+
+
+def _starting_pass(
+    window: Window,
+    gap: float,
+    limit: float,
+    usual: tuple[float, str] | None,
+    last_index: int | None,
+) -> Verdict | None:
+    """The loop entered ``gap`` ago and no step since, past the stall threshold
+    ``limit``: a pass's start, judged against the loader's last starts (info while it
+    takes no longer than PASS_START_STALL_FACTOR times the longest), or, without them, as
+    a first step is (a warning until FIRST_STEPS_STALL_S). None: a stall."""
+    hello = window.hello
+    if hello is None:
+        return None
+    if usual is not None:
+        if gap > max(limit, PASS_START_STALL_FACTOR * usual[0]):
+            return None
+        severity = "info"
+        context = _took(usual)
+    else:
+        if gap > FIRST_STEPS_STALL_S:
+            return None
+        severity = "warning"
+        context = "the loader's first start seen: none to compare with"
+    evidence = [
+        f"the loop was entered {fmt.dur(gap)} ago, no step since; {context}",
+    ]
+    state = _process_state(window.systems, window.now, True)
+    if state:
+        evidence.append(state)
+    stack = current(window.stack, last_index)
+    if stack is not None:
+        evidence.extend(stack_evidence(stack))
+    bound = (
+        fmt.dur(max(limit, PASS_START_STALL_FACTOR * usual[0]))
+        if usual is not None
+        else fmt.dur(FIRST_STEPS_STALL_S)
+    )
+    return Verdict(
+        "starting-pass",
+        severity,
+        0.5,
+        f"Starting a pass: no batch for {fmt.dur(gap)} since the loop was entered ({context})",
+        evidence=tuple(evidence),
+        advice=(
+            "a pass's start forks the DataLoader's workers again (persistent_workers=False) "
+            "and runs worker_init_fn and the sampler's __iter__; called a stall past "
+            f"{bound}",
+            pyspy_advice(hello.pid, hello.host, window.ptrace)
+            if stack is not None
+            else f"if it does not move, see where it waits: py-spy dump --pid {hello.pid}",
+        ),
+        conditions=("starting-pass",),
+    )
+
+
+def _took(usual: tuple[float, str]) -> str:
+    longest, which = usual
+    if which.endswith("first batch"):
+        return f"{which} took {fmt.dur(longest)}"
+    return f"the first batches of {which} took {fmt.dur(longest)} at most"
 
 
 # --- candidates -----------------------------------------------------------------------------

@@ -51,6 +51,7 @@ STEP_BUCKETS_S = (
 VERDICT_KINDS = (
     "warming-up",
     "outside-loop",
+    "starting-pass",
     "stalled",
     "input-bound",
     "compute-bound",

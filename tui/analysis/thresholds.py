@@ -60,6 +60,13 @@ STALL_TYPICAL_STEPS = 30  # typical period = median of the last 30 steps
 # loop is a warning, not a stall: a first step may take minutes (torch.compile, NCCL or
 # HCCL setup, cuDNN autotuning, workers starting), and a hang there looks the same.
 FIRST_STEPS_STALL_S = 30.0
+# At a pass's start (the loop entered, no step since) the wait is judged against what the
+# loader's last starts took (LoaderPasses.waits): workers forked and initialised again at
+# every epoch may take longer than the stall threshold every time. Up to this many times
+# the longest of the last few, "starting a pass" (info), a stall past it; without those
+# figures, a warning until FIRST_STEPS_STALL_S, as for a first step.
+PASS_START_STALL_FACTOR = 2.0
+PASS_START_STALL_STARTS = 5  # the last starts of the loader looked at
 
 # --- host samples -------------------------------------------------------------------------
 # Input-bound by the starts of passes: their first steps hold this share of the window's
