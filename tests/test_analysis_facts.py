@@ -196,7 +196,7 @@ def test_a_pass_start_is_judged_against_the_loaders_last_starts(
     steps = make_steps(40)
     last = steps[-1].end_time
     first = PAST_PREFETCH
-    starts = tuple(first + 40 * i for i in range(len(earlier))) + (steps[-1].index + 1,)
+    starts = (*(first + 40 * i for i in range(len(earlier))), steps[-1].index + 1)
     info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
     listed = LoaderPasses(info, starts, (*earlier, None))
     h = with_facts(hello(), loop="in-loop", loop_since=last + 0.01, passes=(listed,))
