@@ -901,3 +901,55 @@ def test_a_training_and_its_evaluation_between_epochs_are_judged_each_on_its_pas
         who = "both loaders" if named == 2 else "the loader of 8-step passes"
         said = f"persistent_workers=False on {who}: every pass (epoch) forks the workers"
         assert any(e.startswith(said) for e in v.evidence), v.evidence
+
+
+RECURRING_STARTS = {
+    # (a start's wait, steps a pass, the window's wait share from, below, the cause, its
+    #  share of the wait judged over whole passes)
+    "starts that make the run input-bound count": (14.0, 20, 0.9, 1.01, "worker-restarts", 100),
+    "a short start of a long pass is left out": (0.5, 1000, 0.0, 0.1, None, None),
+    "a long pass's costly start, judged over whole passes": (
+        5.0,
+        1000,
+        0.0,
+        0.1,
+        "worker-restarts",
+        83,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("start_wait", "steps_each", "share_at_least", "share_below", "cause", "start_share"),
+    list(RECURRING_STARTS.values()),
+    ids=list(RECURRING_STARTS),
+)
+def test_a_recurring_costly_start_is_not_left_out_as_an_outlier(
+    start_wait: float,
+    steps_each: int,
+    share_at_least: float,
+    share_below: float,
+    cause: str | None,
+    start_share: int | None,
+) -> None:
+    """The viewer's window holds the last 30 steps: one start of 20-step passes. Workers
+    started again in 14 s before each pass read "moderately input-bound, 13 %" with that
+    start left out as a one-off, and "99 %" in the next window. The probe's waits say it
+    recurs: it counts. A start of a pass longer than a window stays out of the window,
+    and the starts are judged over whole passes (the pass's length from its starts): a
+    0.5 s start of 1,000 steps of 12 ms with 1 ms waits read "96 % of the data wait" over
+    the 30 steps after it, a third of it over the pass."""
+    steps, starts = epochs(3, steps_each, start_wait, period=0.012)
+    waits = tuple(s.wait_s for s in steps if s.index in starts)
+    info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
+    listed = LoaderPasses(info, starts, waits)
+    h = replace(hello(2, persistent=False), passes=(listed,), step_count=steps[-1].index + 1)
+    recent = [s for s in steps if s.index >= starts[-1] - 10][:30]
+    v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
+    assert v.wait_share is not None and share_at_least <= v.wait_share < share_below, text(v)
+    if cause is None:
+        assert v.cause not in ("worker-restarts", "pass-start"), text(v)
+        return
+    assert v.cause == cause, text(v)
+    over = "over a whole pass (1,000 steps)" if steps_each == 1000 else "since it began"
+    assert f": {start_share} % of the data wait {over}" in text(v), text(v)

@@ -32,7 +32,7 @@ from gputop_dl.tui.analysis.causes import (
 )
 from gputop_dl.tui.analysis.devices import DeviceState, device_states, own_device
 from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
-from gputop_dl.tui.analysis.passes import PassStarts, pass_start_costs
+from gputop_dl.tui.analysis.passes import PassStarts, pass_start_costs, steady_starts
 from gputop_dl.tui.analysis.steps import (
     StepStats,
     agreeing_time,
@@ -1121,18 +1121,20 @@ def _band(share: float | None, previous: Verdict | None) -> tuple[str, str]:
 _BANDS = (("compute-bound", "ok"), ("input-bound", "info"), ("input-bound", "warning"))
 
 
-def _stable_stats(steps: list[StepRecord], previous: Verdict | None) -> StepStats:
+def _stable_stats(
+    steps: list[StepRecord], previous: Verdict | None, steady: frozenset[int] = frozenset()
+) -> StepStats:
     """The last STEP_WINDOW_S decide, unless they would lower the input-bound verdict shown
     while the last STABLE_WINDOW_S still support it: then the longer window's figures are
     the ones judged and shown. A rising wait is shown fast, an easing one only once it
     has eased for a while (a loader delivering in rounds swings the short window)."""
-    short = step_stats(steps)
+    short = step_stats(steps, steady=steady)
     if previous is None or previous.kind != "input-bound":
         return short
     shown = (previous.kind, previous.severity)
     if _BANDS.index(_band(short.lost_share, previous)) >= _BANDS.index(shown):
         return short
-    stable = step_stats(steps, STABLE_WINDOW_S)
+    stable = step_stats(steps, STABLE_WINDOW_S, steady)
     return stable if _band(stable.lost_share, previous) == shown else short
 
 
@@ -1193,7 +1195,9 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     ctx = _Ctx(
         window=window,
         previous=previous,
-        stats=_stable_stats(steps, previous),
+        stats=_stable_stats(
+            steps, previous, steady_starts(hello.passes, steps) if hello else frozenset()
+        ),
         host=host_stats(
             window.systems,
             hello.host if hello else None,

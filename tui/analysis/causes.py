@@ -382,9 +382,14 @@ def _pass_lines(passes: PassStarts) -> list[str]:
     if len(passes.loaders) == 1:
         starts = passes.loaders[0]
         since = "it" if starts.passes == 1 else "the first"
+        over = (
+            f"over a whole pass ({starts.pass_steps:,} steps)"
+            if passes.whole and starts.pass_steps
+            else f"since {since} began"
+        )
         return [
             f"the first batch of a pass {waited(starts)}: {fmt.pct(passes.share)} of the data "
-            f"wait since {since} began"
+            f"wait {over}"
         ]
     lines = [
         f"the starts of passes over {len(passes.loaders)} loaders cost "

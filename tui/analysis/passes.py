@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from gputop_dl.probe.messages import LoaderInfo, LoaderPasses, StepRecord
-from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS, PASS_OTHER_STEPS
+from gputop_dl.tui.analysis.thresholds import (
+    INPUT_WARN_ENTER,
+    MAX_WINDOW_STEPS,
+    PASS_OTHER_STEPS,
+    STEP_WINDOW_S,
+)
 
 REFERENCE_PERCENTILE = 0.9
 ROUNDS_WAIT_SHARE = 0.25  # other steps waiting this share of their period: rounds
@@ -61,6 +66,8 @@ class PassStarts:
     ceiling: float  # the same without the first steps' waits beyond the other steps'
     #   typical wait, never above the rate without any wait: an upper bound
     per_sample: bool  # rate and ceiling count samples, not steps
+    whole: bool = False  # the steps held end early in a pass: its other steps counted as
+    #   many times as a whole pass has them (the figures are over whole passes)
 
 
 def _wait(step: StepRecord) -> float:
@@ -72,7 +79,7 @@ def _wait(step: StepRecord) -> float:
 class _Loader:
     firsts: list[StepRecord] = field(default_factory=list)
     others: list[StepRecord] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)  # its passes' steps, whole ones
+    lengths: list[int] = field(default_factory=list)  # its whole passes' steps
 
 
 def pass_start_costs(
@@ -96,14 +103,31 @@ def pass_start_costs(
         return None
     judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
     loaders: dict[int, _Loader] = {}
-    for start, end in pairwise(listed):
+    # Each loader's whole passes, from every start the probe lists (also those before
+    # the steps held: a long pass's length is known from its starts alone).
+    every = sorted(i for i in owner if i < known)
+    for start, end in pairwise(every):
         loaders.setdefault(owner[start], _Loader()).lengths.append(end - start)
     for step in judged:
         start = listed[bisect_right(listed, step.index) - 1]
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
-    waited = sum(_wait(s) for s in judged)
-    span = sum(s.period_s for s in judged)
+    per_sample = all(s.samples is not None for s in judged)
+    waited = span = done = 0.0
+    scaled = False
+    for group in loaders.values():
+        # The steps held may end early in a pass (a long one's first steps only): its
+        # other steps count as many times as a whole pass has them, or the start's wait
+        # would weigh as if passes were that short.
+        scale = 1.0
+        if group.lengths and group.others:
+            whole = len(group.firsts) * (statistics.median(group.lengths) - 1)
+            scale = max(1.0, whole / len(group.others))
+            scaled = scaled or scale > 1.0
+        for part, weight in ((group.firsts, 1.0), (group.others, scale)):
+            waited += weight * sum(_wait(s) for s in part)
+            span += weight * sum(s.period_s for s in part)
+            done += weight * (sum(s.samples or 0 for s in part) if per_sample else len(part))
     if waited <= 0 or span <= waited:
         return None
     found = []
@@ -123,8 +147,6 @@ def pass_start_costs(
     if not found:
         return None
     found.sort(key=lambda starts: starts.share, reverse=True)
-    per_sample = all(s.samples is not None for s in judged)
-    done = float(sum(s.samples or 0 for s in judged)) if per_sample else float(len(judged))
     return PassStarts(
         loaders=tuple(found),
         passes=sum(starts.passes for starts in found),
@@ -132,6 +154,7 @@ def pass_start_costs(
         rate=done / span,
         ceiling=done / (span - saved),
         per_sample=per_sample,
+        whole=scaled,
     )
 
 
@@ -158,3 +181,32 @@ def _loader_costs(
     beyond = sum(max(0.0, w - reference) for w in first_waits)
     beyond_typical = sum(max(0.0, w - typical) for w in first_waits)
     return beyond, beyond_typical, sum(first_waits) / len(firsts), reference
+
+
+def steady_starts(passes: Sequence[LoaderPasses], steps: Sequence[StepRecord]) -> frozenset[int]:
+    """The starts of passes that are part of the run's steady state, not one-offs to leave
+    out of a window: a loader's whose waits (the probe's, two or more known) take at least
+    INPUT_WARN_ENTER of a cycle by themselves (their median wait, plus a pass's steps at
+    the steps' median period), with passes a window spans whole. Workers started again
+    in 14 s before every 20-step pass made the window that held one start read
+    "moderately input-bound, 13 %" (the start left out as an outlier) and the next
+    "99 %", in turn."""
+    if not passes or not steps:
+        return frozenset()
+    period = statistics.median(s.period_s for s in steps[-MAX_WINDOW_STEPS:])
+    merged = sorted({i for listed in passes for i in listed.starts})
+    length = {start: end - start for start, end in pairwise(merged)}
+    steady: set[int] = set()
+    for listed in passes:
+        waits = [w for w in listed.waits if w is not None]
+        lengths = [length[i] for i in listed.starts if i in length]
+        if len(waits) < 2 or not lengths:
+            continue
+        wait, busy = statistics.median(waits), statistics.median(lengths) * period
+        # Only passes that a window spans whole (STEP_WINDOW_S of steps): every window
+        # then holds a start. Longer ones are judged over whole passes by
+        # pass_start_costs; a window holding a start of those would weigh it as if the
+        # pass were that short.
+        if busy <= STEP_WINDOW_S and wait >= INPUT_WARN_ENTER * (wait + busy):
+            steady.update(listed.starts)
+    return frozenset(steady)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import LoaderInfo, StepRecord
@@ -96,18 +96,24 @@ def recent(steps: Sequence[StepRecord], window_s: float = STEP_WINDOW_S) -> list
     return inside if len(inside) >= MIN_STEPS else tail[-MIN_STEPS:]
 
 
-def trim_outlier(window: list[StepRecord], history: Sequence[StepRecord]) -> list[StepRecord]:
+def trim_outlier(
+    window: list[StepRecord], history: Sequence[StepRecord], steady: Collection[int] = ()
+) -> list[StepRecord]:
     """Leave out the window's longest step when it is a one-off (an epoch start, the resume
     after a stall): OUTLIER_FACTOR times the median period, and no other step of the
     history comes within OUTLIER_REPEAT of it.
 
     Long steps that recur are the steady state of a loader delivering in rounds, and
-    count in full.
+    count in full; so do the starts of passes in ``steady`` (their indices), which the
+    probe says recur at every pass at a cost that makes a run input-bound by itself
+    (steady_starts), however few of them the history holds.
     """
     if len(window) < 2:
         return window
     longest = max(range(len(window)), key=lambda i: window[i].period_s)
     odd = window[longest]
+    if odd.index in steady:
+        return window
     median = statistics.median(s.period_s for s in history)
     if odd.period_s <= OUTLIER_FACTOR * median:
         return window
@@ -138,11 +144,13 @@ def _share(parts: Sequence[float], wholes: Sequence[float]) -> float | None:
     return sum(parts) / whole if parts and whole > 0 else None
 
 
-def step_stats(steps: list[StepRecord], window_s: float = STEP_WINDOW_S) -> StepStats:
-    """Figures over ``recent(steps)`` with a lone outlier trimmed. ``steps`` must be usable
-    and enough for a verdict (``enough_steps``)."""
+def step_stats(
+    steps: list[StepRecord], window_s: float = STEP_WINDOW_S, steady: Collection[int] = ()
+) -> StepStats:
+    """Figures over ``recent(steps)`` with a lone outlier trimmed (not a start of a pass
+    in ``steady``). ``steps`` must be usable and enough for a verdict (``enough_steps``)."""
     window = recent(steps, window_s)
-    kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:])
+    kept = trim_outlier(window, steps[-MAX_WINDOW_STEPS:], steady)
     periods = [s.period_s for s in kept]
     span = sum(periods)
 
