@@ -23,8 +23,8 @@ import statistics
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
 from operator import attrgetter, call
@@ -317,7 +317,10 @@ class Probe:
         # outermost watched loop, and the loader's description (Hello.passes), by
         # loader.identity, the loader used the longest ago first: a viewer tells the
         # waits a pass's start costs from the rest, each loader's with its settings.
-        self._pass_starts: dict[int | None, tuple[deque[int], LoaderInfo | None]] = {}
+        self._pass_starts: OrderedDict[Hashable, tuple[deque[int], LoaderInfo | None]] = (
+            OrderedDict()
+        )
+        self._starts_horizon = 0  # every start from here on is listed (_note_pass_start)
         # Those starts' indices for the publisher, which notes each one's first step's
         # wait when it drains that step (LoaderPasses.waits): no work a step here.
         self._starts_due: deque[int] = deque(maxlen=PASS_STARTS_KEPT * PASS_START_LOADERS)
@@ -443,7 +446,7 @@ class Probe:
         return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
 
     def _loop_entered(
-        self, info: LoaderInfo | None, framework: str | None, loader_key: int | None = None
+        self, info: LoaderInfo | None, framework: str | None, loader_key: Hashable = None
     ) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises).
         ``loader_key``: what its loader is (``loader.identity``): its passes' starts are
@@ -473,25 +476,43 @@ class Probe:
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
 
-    def _note_pass_start(self, loader_key: int | None, info: LoaderInfo | None) -> None:
+    def _note_pass_start(self, loader_key: Hashable, info: LoaderInfo | None) -> None:
+        """Training thread, once per outermost pass. Every list holds every start from a
+        common horizon on: a start one loader's full list lets go of, or an evicted
+        loader's, takes the older starts of the others with it (or a viewer would count
+        the forgotten passes' steps as the previous listed pass's, its start as any other
+        wait). The hello reads these lists on the publisher's thread: each change is one
+        operation in C (move_to_end, an item set), never a key missing meanwhile."""
         known = self._pass_starts
-        kept = known.pop(loader_key, None)  # put back last: the loaders in use stay
+        first = self._index_now()
+        horizon = self._starts_horizon
+        kept = known.get(loader_key)
         if kept is None:
             if len(known) >= PASS_START_LOADERS:
-                del known[next(iter(known))]  # the loader unused the longest
+                _, (evicted, _) = known.popitem(last=False)  # the loader unused the longest
+                if evicted:
+                    horizon = max(horizon, evicted[-1] + 1)
             starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
         else:
             starts = kept[0]
-        first = self._index_now()
         for other, _ in known.values():
             if other and other[-1] == first:  # an empty pass: this step is this one's
                 other.pop()
         if not starts or starts[-1] != first:  # (after an empty pass)
+            if len(starts) == starts.maxlen:
+                horizon = max(horizon, starts[0] + 1)
             starts.append(first)
             self._starts_due.append(first)
+        if horizon != self._starts_horizon:
+            self._starts_horizon = horizon
+            for other, _ in known.values():
+                while other and other[0] < horizon:
+                    other.popleft()
         # Worker pids change every pass of workers not kept: the hello's loader has them.
         if info is not None and info.worker_pids:
             info = replace(info, worker_pids=())
+        if kept is not None:
+            known.move_to_end(loader_key)  # the loaders in use stay
         known[loader_key] = (starts, info)
 
     def _loop_left(self, how: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -68,12 +68,28 @@ def unwrap(iterable: Any) -> tuple[Any, str | None]:
     return inner, wrapper
 
 
-def identity(iterable: Any) -> int:
-    """What stays the same over the passes of one loop: its dataset (a DataLoader built
-    again every epoch wraps the same one), else the loader inside known wrappers."""
+def identity(iterable: Any) -> Hashable:
+    """What stays the same over the passes of one loop and tells it from another loop's:
+    its dataset (a DataLoader built again every epoch wraps the same one) with what
+    splits a dataset between loaders (the sampler's kind and length: a training split's
+    and a validation split's SubsetRandomSampler; the batch size; the workers); else the
+    loader inside known wrappers."""
     inner, _ = unwrap(iterable)
     dataset = _get(inner, "dataset")
-    return id(inner if dataset is None else dataset)
+    if dataset is None:
+        return id(inner)
+    sampler = _get(inner, "sampler")
+    try:
+        length: int | None = _int_or_none(len(sampler)) if sampler is not None else None
+    except Exception:  # a sampler without a length, or one whose len() raises
+        length = None
+    return (
+        id(dataset),
+        type(sampler).__name__,
+        length,
+        _int_or_none(_get(inner, "batch_size")),
+        _int_or_none(_get(inner, "num_workers")),
+    )
 
 
 def describe(iterable: Any, data_path: str | None = None) -> LoaderInfo:

@@ -10,7 +10,9 @@ import multiprocessing
 import os
 import pickle
 import traceback
+from collections import OrderedDict
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,13 @@ from gputop_dl.probe.messages import LoaderInfo
 from gputop_dl.probe.watch import Watched
 
 torch = pytest.importorskip("torch", reason="watch is tested on real torch DataLoaders")
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
+from torch.utils.data import (  # noqa: E402
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SubsetRandomSampler,
+    TensorDataset,
+)
 
 
 class Recording(probe.Probe):
@@ -374,3 +382,64 @@ def test_a_loader_built_again_every_epoch_keeps_its_pass_starts(p: Recording) ->
         for _ in p.watch(DataLoader(dataset, batch_size=4)):
             pass
     assert [lp.starts for lp in p.hello().passes] == [(0, 5, 10)]
+
+
+def test_every_start_from_the_oldest_listed_on_is_listed(p: Recording) -> None:
+    """A training of 2-step passes and an evaluation every 8 of them: the training's list
+    (16 starts) reaches back 16 passes, the evaluation's further. The evaluation's older
+    starts go with the training's forgotten ones, or a viewer counted the forgotten
+    training passes' steps as the evaluation's, their restarts as any other wait (a
+    review: "cause unknown" where each pass restarted its workers)."""
+    train, val = tensor_loader(n=8), tensor_loader(n=4, batch=2)
+    for epoch in range(40):
+        for _ in p.watch(train):
+            pass
+        if epoch % 8 == 7:
+            for _ in p.watch(val):
+                pass
+    listed = {(lp.loader.batch_size if lp.loader else None): lp.starts for lp in p.hello().passes}
+    assert len(listed[4]) == 16 and len(listed[2]) <= 3, listed  # 5 run, 2-3 since
+    # From the oldest listed start on, every pass's start is listed: 2 steps each.
+    merged = sorted(listed[4] + listed[2])
+    assert all(b - a == 2 for a, b in pairwise(merged)), merged
+
+
+def test_loaders_splitting_one_dataset_are_listed_apart(p: Recording) -> None:
+    """``DataLoader(ds, sampler=SubsetRandomSampler(train_idx))`` and the same over
+    ``val_idx``: one dataset, two loaders (keyed by the dataset alone, they were one,
+    with whichever's settings ran last, and the verdict flipped with it)."""
+    ds = TensorDataset(torch.arange(40, dtype=torch.float32).unsqueeze(1))
+    train = DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(32)))
+    val = DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(32, 40)))
+    for _ in range(3):
+        for _ in p.watch(train):
+            pass
+        for _ in p.watch(val):
+            pass
+    assert [lp.starts for lp in p.hello().passes] == [(0, 10, 20), (8, 18, 28)]
+
+
+def test_the_hello_never_misses_the_loader_of_a_pass_being_started(p: Recording) -> None:
+    """The hello is built on the publisher's thread while the training thread notes a
+    pass's start: that loader's entry must never be out of the table meanwhile (it was
+    popped and put back: a hello in between left it out, its steps counted as the
+    previous pass's)."""
+    ops: list[str] = []
+
+    class Watching(OrderedDict):  # type: ignore[type-arg]
+        def pop(self, *args: Any) -> Any:
+            ops.append("pop")
+            return super().pop(*args)
+
+        def __delitem__(self, key: Any) -> None:
+            ops.append("del")
+            super().__delitem__(key)
+
+    p._pass_starts = Watching()
+    train, val = tensor_loader(n=8), tensor_loader(n=4, batch=2)
+    for _ in range(3):
+        for _ in p.watch(train):
+            pass
+        for _ in p.watch(val):
+            pass
+    assert len(p.hello().passes) == 2 and ops == [], ops

@@ -320,11 +320,12 @@ def _pass_start(ctx: Context) -> Cause | None:
             workers = restarting[0].loader.num_workers if restarting[0].loader else None
             said = f"num_workers={workers}, persistent_workers=False"
         else:
-            everyone = len(restarting) == len(passes.loaders)
+            everyone = len(restarting) == len(passes.loaders) and not passes.partial
+            names = list(dict.fromkeys(_short_name(starts, passes) for starts in restarting))
             who = (
-                ("both loaders" if len(restarting) == 2 else f"all {len(restarting)} loaders")
+                ("both loaders" if len(restarting) == 2 else "every loader")
                 if everyone
-                else " and ".join(_short_name(starts) for starts in restarting)
+                else " and ".join(names)
             )
             said = f"persistent_workers=False on {who}"
         return Cause(
@@ -379,6 +380,9 @@ def _pass_lines(passes: PassStarts) -> list[str]:
             f"{which} (a batch takes {fmt.dur(starts.batch_wait_s)} anyway)"
         )
 
+    # A loader not judged (its passes no longer than iter()'s prefetch): the share is of
+    # the others' passes' wait.
+    whose = " of its passes" if passes.partial else ""
     if len(passes.loaders) == 1:
         starts = passes.loaders[0]
         since = "it" if starts.passes == 1 else "the first"
@@ -389,13 +393,15 @@ def _pass_lines(passes: PassStarts) -> list[str]:
         )
         return [
             f"the first batch of a pass {waited(starts)}: {fmt.pct(passes.share)} of the data "
-            f"wait {over}"
+            f"wait{whose} {over}"
         ]
-    lines = [
-        f"the starts of passes over {len(passes.loaders)} loaders cost "
-        f"{fmt.pct(passes.share)} of the data wait since the first of the last "
-        f"{passes.passes} began"
-    ]
+    over = (
+        "over whole passes"
+        if passes.whole
+        else f"since the first of the last {passes.passes} passes began"
+    )
+    whose = " of the passes judged" if passes.partial else ""
+    lines = [f"the starts of passes cost {fmt.pct(passes.share)} of the data wait{whose} {over}"]
     for starts in passes.loaders[:2]:
         if starts.share >= PASS_LOADER_SHARE:
             length = f", passes of {starts.pass_steps} steps" if starts.pass_steps else ""
@@ -406,9 +412,11 @@ def _pass_lines(passes: PassStarts) -> list[str]:
     return lines
 
 
-def _short_name(starts: LoaderStarts) -> str:
-    """A loader by its passes' length (what tells a training's from an evaluation's)."""
-    if starts.pass_steps:
+def _short_name(starts: LoaderStarts, passes: PassStarts) -> str:
+    """A loader by its passes' length (what tells a training's from an evaluation's), or
+    by its settings where another loader's passes are as long."""
+    alike = sum(1 for other in passes.loaders if other.pass_steps == starts.pass_steps)
+    if starts.pass_steps and alike == 1:
         return f"the loader of {starts.pass_steps}-step passes"
     return _loader_name(starts.loader)
 

@@ -68,6 +68,7 @@ class PassStarts:
     per_sample: bool  # rate and ceiling count samples, not steps
     whole: bool = False  # the steps held end early in a pass: its other steps counted as
     #   many times as a whole pass has them (the figures are over whole passes)
+    partial: bool = False  # a loader's passes are not judged: the share is of the others'
 
 
 def _wait(step: StepRecord) -> float:
@@ -113,9 +114,10 @@ def pass_start_costs(
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
     per_sample = all(s.samples is not None for s in judged)
-    waited = span = done = 0.0
+    span = done = 0.0
+    waited: dict[int, float] = {}  # each loader's passes' data wait
     scaled = False
-    for group in loaders.values():
+    for which, group in loaders.items():
         # The steps held may end early in a pass (a long one's first steps only): its
         # other steps count as many times as a whole pass has them, or the start's wait
         # would weigh as if passes were that short.
@@ -124,37 +126,48 @@ def pass_start_costs(
             whole = len(group.firsts) * (statistics.median(group.lengths) - 1)
             scale = max(1.0, whole / len(group.others))
             scaled = scaled or scale > 1.0
+        waited[which] = 0.0
         for part, weight in ((group.firsts, 1.0), (group.others, scale)):
-            waited += weight * sum(_wait(s) for s in part)
+            waited[which] += weight * sum(_wait(s) for s in part)
             span += weight * sum(s.period_s for s in part)
             done += weight * (sum(s.samples or 0 for s in part) if per_sample else len(part))
-    if waited <= 0 or span <= waited:
+    costs = {
+        which: cost
+        for which, group in loaders.items()
+        if (cost := _loader_costs(passes[which].loader, group)) is not None
+    }
+    # The share is of the judged loaders' passes' wait: a loader whose starts cannot be
+    # told from its first batches (passes no longer than iter()'s prefetch) would add its
+    # first waits to the whole and none to the starts' part.
+    judged_wait = sum(waited[which] for which in costs)
+    if not costs or judged_wait <= 0 or span <= sum(waited.values()):
         return None
     found = []
     saved = 0.0  # the first steps' waits beyond the other steps' typical wait
-    for which, group in loaders.items():
-        info = passes[which].loader
-        costs = _loader_costs(info, group)
-        if costs is not None:
-            beyond, beyond_typical, first_wait, reference = costs
-            length = round(statistics.median(group.lengths)) if group.lengths else None
-            found.append(
-                LoaderStarts(
-                    info, len(group.firsts), first_wait, reference, beyond / waited, length
-                )
+    for which, (beyond, beyond_typical, first_wait, reference) in costs.items():
+        group = loaders[which]
+        length = round(statistics.median(group.lengths)) if group.lengths else None
+        found.append(
+            LoaderStarts(
+                passes[which].loader,
+                len(group.firsts),
+                first_wait,
+                reference,
+                beyond / judged_wait,
+                length,
             )
-            saved += beyond_typical
-    if not found:
-        return None
+        )
+        saved += beyond_typical
     found.sort(key=lambda starts: starts.share, reverse=True)
     return PassStarts(
         loaders=tuple(found),
-        passes=sum(starts.passes for starts in found),
+        passes=sum(len(group.firsts) for group in loaders.values()),
         share=sum(starts.share for starts in found),
         rate=done / span,
         ceiling=done / (span - saved),
         per_sample=per_sample,
         whole=scaled,
+        partial=len(costs) < sum(1 for group in loaders.values() if group.firsts),
     )
 
 
