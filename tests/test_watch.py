@@ -356,16 +356,21 @@ def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
     assert evaluation.passes[0].loader.worker_pids == ()
 
 
+def train_then_evaluate(p: probe.Probe, train: Any, val: Any, epochs: int) -> None:
+    """``epochs`` passes over ``train``, each followed by one over ``val`` (both watched)."""
+    for _ in range(epochs):
+        for _ in p.watch(train):
+            pass
+        for _ in p.watch(val):
+            pass
+
+
 def test_an_empty_pass_leaves_its_first_step_to_the_next_loader(p: Recording) -> None:
     """An evaluation loader found empty, then the training's next pass: both began at one
     step index, which is the training's (listed under both, a viewer could take the
     training's first step for the evaluation's)."""
     train, empty = tensor_loader(n=20), tensor_loader(n=0, batch=2)
-    for _ in range(2):
-        for _ in p.watch(train):
-            pass
-        for _ in p.watch(empty):
-            pass
+    train_then_evaluate(p, train, empty, 2)
     assert [lp.starts for lp in p.hello().passes] == [(0, 5), (10,)]  # the next step's
     for _ in p.watch(train):
         pass
@@ -411,11 +416,7 @@ def test_loaders_splitting_one_dataset_are_listed_apart(p: Recording) -> None:
     ds = TensorDataset(torch.arange(40, dtype=torch.float32).unsqueeze(1))
     train = DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(32)))
     val = DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(32, 40)))
-    for _ in range(3):
-        for _ in p.watch(train):
-            pass
-        for _ in p.watch(val):
-            pass
+    train_then_evaluate(p, train, val, 3)
     assert [lp.starts for lp in p.hello().passes] == [(0, 10, 20), (8, 18, 28)]
 
 
@@ -436,10 +437,5 @@ def test_the_hello_never_misses_the_loader_of_a_pass_being_started(p: Recording)
             super().__delitem__(key)
 
     p._pass_starts = Watching()
-    train, val = tensor_loader(n=8), tensor_loader(n=4, batch=2)
-    for _ in range(3):
-        for _ in p.watch(train):
-            pass
-        for _ in p.watch(val):
-            pass
+    train_then_evaluate(p, tensor_loader(n=8), tensor_loader(n=4, batch=2), 3)
     assert len(p.hello().passes) == 2 and ops == [], ops
