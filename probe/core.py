@@ -23,6 +23,7 @@ import statistics
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
@@ -138,6 +139,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
 _Raw = tuple[int, float, float, float, Any, Any, Any]
+# Probe._pass_starts' values: (starts, description, the last pass's loader, rebuilt)
+_Listed = tuple[deque[int], LoaderInfo | None, "weakref.ref[Any] | None", bool]
 # A step record in its wire form (StepRecord field order): durations in integer
 # microseconds, the end in microseconds after its batch's base time. Host-timed rows are
 # protocol.HostRow (5 fields), rows with device times or phases protocol.WireRow (9).
@@ -317,9 +320,9 @@ class Probe:
         # outermost watched loop, and the loader's description (Hello.passes), by
         # loader.identity, the loader used the longest ago first: a viewer tells the
         # waits a pass's start costs from the rest, each loader's with its settings.
-        self._pass_starts: OrderedDict[Hashable, tuple[deque[int], LoaderInfo | None]] = (
-            OrderedDict()
-        )
+        # (starts, the loader's description, a weak reference to the loader object of
+        # its last pass, whether that object was a new one)
+        self._pass_starts: OrderedDict[Hashable, _Listed] = OrderedDict()
         self._starts_horizon = 0  # every start from here on is listed (_note_pass_start)
         # Those starts' indices for the publisher, which notes each one's first step's
         # wait when it drains that step (LoaderPasses.waits): no work a step here.
@@ -446,11 +449,16 @@ class Probe:
         return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
 
     def _loop_entered(
-        self, info: LoaderInfo | None, framework: str | None, loader_key: Hashable = None
+        self,
+        info: LoaderInfo | None,
+        framework: str | None,
+        loader_key: Hashable = None,
+        instance: object = None,
     ) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises).
         ``loader_key``: what its loader is (``loader.identity``): its passes' starts are
-        listed together, a training loader's apart from an evaluation loader's."""
+        listed together, a training loader's apart from an evaluation loader's;
+        ``instance``: the loader object (``loader.unwrap``), to tell one built again."""
         now = time.time()
         self._train_thread = threading.get_ident()
         self._passes += 1
@@ -461,7 +469,7 @@ class Probe:
         if self._passes == 1:
             # Not a loop inside another's step (an evaluation run in a training step):
             # the hello describes this pass's loader and lists its loader's pass starts.
-            self._note_pass_start(loader_key, info)
+            self._note_pass_start(loader_key, info, instance)
             # The loop's state goes out as a Loop message (which viewers apply to the
             # hello they hold); a new hello only for what else changed: the loader (each
             # epoch's worker pids) or the framework. A hello a pass cost the publisher
@@ -476,7 +484,9 @@ class Probe:
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
 
-    def _note_pass_start(self, loader_key: Hashable, info: LoaderInfo | None) -> None:
+    def _note_pass_start(
+        self, loader_key: Hashable, info: LoaderInfo | None, instance: object = None
+    ) -> None:
         """Training thread, once per outermost pass. Every list holds every start from a
         common horizon on: a start one loader's full list lets go of, or an evicted
         loader's, takes the older starts of the others with it (or a viewer would count
@@ -489,13 +499,13 @@ class Probe:
         kept = known.get(loader_key)
         if kept is None:
             if len(known) >= PASS_START_LOADERS:
-                _, (evicted, _) = known.popitem(last=False)  # the loader unused the longest
+                _, (evicted, *_) = known.popitem(last=False)  # the loader unused the longest
                 if evicted:
                     horizon = max(horizon, evicted[-1] + 1)
             starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
         else:
             starts = kept[0]
-        for other, _ in known.values():
+        for other, *_ in known.values():
             if other and other[-1] == first:  # an empty pass: this step is this one's
                 other.pop()
         if not starts or starts[-1] != first:  # (after an empty pass)
@@ -505,15 +515,23 @@ class Probe:
             self._starts_due.append(first)
         if horizon != self._starts_horizon:
             self._starts_horizon = horizon
-            for other, _ in known.values():
+            for other, *_ in known.values():
                 while other and other[0] < horizon:
                     other.popleft()
         # Worker pids change every pass of workers not kept: the hello's loader has them.
         if info is not None and info.worker_pids:
             info = replace(info, worker_pids=())
+        # A DataLoader built again for each pass (persistent_workers=True then keeps its
+        # workers for nothing): the last pass's object is not this one.
+        last = kept[2]() if kept is not None and kept[2] is not None else None
+        rebuilt = kept is not None and kept[2] is not None and last is not instance
+        try:
+            ref = weakref.ref(instance) if instance is not None else None
+        except TypeError:  # an object without weak references: not told
+            ref = None
         if kept is not None:
             known.move_to_end(loader_key)  # the loaders in use stay
-        known[loader_key] = (starts, info)
+        known[loader_key] = (starts, info, ref, rebuilt)
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -714,15 +732,18 @@ class Probe:
         """Publisher thread: each loader's pass starts and their first steps' waits."""
         # list() and tuple() copy in C, holding the GIL: the training thread adds starts
         # while this runs.
-        listed = [(tuple(starts), info) for starts, info in list(self._pass_starts.values())]
+        listed = [
+            (tuple(starts), info, rebuilt)
+            for starts, info, _, rebuilt in list(self._pass_starts.values())
+        ]
         waits = self._start_waits
         if len(waits) > 2 * PASS_STARTS_KEPT * PASS_START_LOADERS:  # forget unlisted ones
-            kept = {i for starts, _ in listed for i in starts}
+            kept = {i for starts, *_ in listed for i in starts}
             for index in [i for i in waits if i not in kept]:
                 del waits[index]
         return tuple(
-            LoaderPasses(info, starts, tuple(waits.get(i) for i in starts))
-            for starts, info in listed
+            LoaderPasses(info, starts, tuple(waits.get(i) for i in starts), rebuilt)
+            for starts, info, rebuilt in listed
         )
 
     def _gather_facts(self) -> None:

@@ -54,6 +54,9 @@ class LoaderPasses:
     # batch), in the order of ``starts``; None: not published yet (the first batch still
     # awaited) or not timed. Only as many as ``starts``.
     waits: Annotated[tuple[Seconds | None, ...], msgspec.Meta(max_length=64)] = ()
+    # The last pass ran over a new loader object (a DataLoader built again for each pass:
+    # persistent_workers=True keeps workers only across the passes of one object).
+    rebuilt: bool = False
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,12 @@ class Watched(Generic[T]):
         iterator = iter(self._iterable)
         try:
             info = self._pass_info(iterator)
-            probe._loop_entered(info, self._framework, loader.identity(self._iterable))
+            probe._loop_entered(
+                info,
+                self._framework,
+                loader.identity(self._iterable),
+                loader.unwrap(self._iterable)[0],
+            )
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
             count = self._count
             open_step = probe._open_step

@@ -968,3 +968,30 @@ def test_a_loader_whose_starts_cannot_be_told_leaves_the_share_to_the_others() -
     v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
     assert v.cause == "worker-restarts", text(v)
     assert "of the data wait of its passes since the first began" in text(v), text(v)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_dataloader_built_again_every_pass_is_told_to_be_built_once(persistent: bool) -> None:
+    """``for epoch: loader = DataLoader(ds, num_workers=2, persistent_workers=True)``: the
+    workers are the new object's, forked at every pass; the advice was "do it once,
+    outside the loop" of a pass-start (a review: 282 samples/s against ~590 with one
+    DataLoader). The probe says the last pass's object was a new one."""
+    steps, starts = epochs(6, 12, 0.5)
+    info = LoaderInfo(
+        "torch.DataLoader", num_workers=2, prefetch_factor=2, persistent_workers=persistent
+    )
+    h = replace(
+        hello(2, persistent=persistent),
+        passes=(LoaderPasses(info, starts, rebuilt=True),),
+        step_count=steps[-1].index + 1,
+    )
+    v = analyze(window(steps, h=h, procs=processes(30.0, [5.0, 5.0])))
+    assert v.cause == "worker-restarts", text(v)
+    assert "a new DataLoader every pass" in v.headline, v.headline
+    assert v.advice[0].startswith("build the DataLoader once, outside the epoch loop"), v.advice
+    assert any(
+        e.startswith("num_workers=2, a new DataLoader object at every pass") for e in v.evidence
+    )
+    assert (
+        any(a.startswith("DataLoader(persistent_workers=True)") for a in v.advice) is not persistent
+    )

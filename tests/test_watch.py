@@ -11,7 +11,7 @@ import os
 import pickle
 import traceback
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -41,10 +41,14 @@ class Recording(probe.Probe):
         self.events: list[tuple[str, Any]] = []
 
     def _loop_entered(
-        self, info: LoaderInfo | None, framework: str | None, loader_key: int | None = None
+        self,
+        info: LoaderInfo | None,
+        framework: str | None,
+        loader_key: Hashable = None,
+        instance: object = None,
     ) -> None:
         self.events.append(("entered", info))
-        super()._loop_entered(info, framework, loader_key)
+        super()._loop_entered(info, framework, loader_key, instance)
 
     def _loop_left(self, how: str) -> None:
         self.events.append(("left", how))
@@ -350,6 +354,7 @@ def test_each_loaders_pass_starts_are_listed_apart(p: Recording) -> None:
     }
     assert by_batch == {4: (0, 9, 18), 2: (5, 14, 23)}, evaluation.passes  # 5 + 4 steps an epoch
     assert [lp.starts for lp in training.passes] == [(5, 14), (0, 9, 18)], training.passes
+    assert not any(lp.rebuilt for lp in evaluation.passes)  # one DataLoader each, reused
     # Worker pids change each pass of workers not kept: only the hello's loader has them.
     assert training.loader.worker_pids and evaluation.passes[0].loader is not None
     assert evaluation.passes[0].loader.num_workers == 2
@@ -386,7 +391,8 @@ def test_a_loader_built_again_every_epoch_keeps_its_pass_starts(p: Recording) ->
     for _ in range(3):
         for _ in p.watch(DataLoader(dataset, batch_size=4)):
             pass
-    assert [lp.starts for lp in p.hello().passes] == [(0, 5, 10)]
+    (listed,) = p.hello().passes
+    assert listed.starts == (0, 5, 10) and listed.rebuilt, listed  # a new object each pass
 
 
 def test_every_start_from_the_oldest_listed_on_is_listed(p: Recording) -> None:

@@ -73,7 +73,8 @@ class HookTimer:
         if any(r is not None for r in ranks):
             p._set_ranks(*ranks)
         key = loader.identity(dataloader) if dataloader is not None else None
-        p._loop_entered(info, framework, key)
+        instance = loader.unwrap(dataloader)[0] if dataloader is not None else None
+        p._loop_entered(info, framework, key, instance)
         self._t_prev = time.perf_counter()
 
     def batch_start(self, batch: Any, phase: str | None = None) -> None:

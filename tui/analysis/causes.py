@@ -306,46 +306,62 @@ def _pass_start(ctx: Context) -> Cause | None:
     if passes is None or passes.share < PASS_START_SHARE:
         return None
     lines = _pass_lines(passes)
+    # Workers forked again at every pass: not kept (persistent_workers=False), or kept by
+    # a DataLoader that is itself built again for each pass (the probe's `rebuilt`).
     restarting = [
         starts
         for starts in passes.loaders
         if starts.loader is not None
-        and starts.loader.persistent_workers is False
         and starts.loader.num_workers
+        and (starts.loader.persistent_workers is False or starts.rebuilt)
     ]
     # The advice fits when the loaders whose workers start again cost most of it.
     if sum(starts.share for starts in restarting) >= passes.share / 2:
+        rebuilt = [starts for starts in restarting if starts.rebuilt]
+        dropped = [
+            starts
+            for starts in restarting
+            if starts.loader is not None and starts.loader.persistent_workers is False
+        ]
         whose = "the loaders'" if len(restarting) > 1 else "the loader's"
-        if len(passes.loaders) == 1:
-            workers = restarting[0].loader.num_workers if restarting[0].loader else None
-            said = f"num_workers={workers}, persistent_workers=False"
-        else:
-            everyone = len(restarting) == len(passes.loaders) and not passes.partial
-            names = list(dict.fromkeys(_short_name(starts, passes) for starts in restarting))
-            who = (
-                ("both loaders" if len(restarting) == 2 else "every loader")
-                if everyone
-                else " and ".join(names)
+        why = []
+        if dropped:
+            why.append("persistent_workers=False")
+        if rebuilt:
+            why.append("a new DataLoader every pass")
+        evidence = [*lines]
+        if dropped:
+            evidence.append(
+                f"{_said(dropped, passes, 'persistent_workers=False')}: every pass (epoch) "
+                "forks the workers again and waits for their first batches"
             )
-            said = f"persistent_workers=False on {who}"
+        if rebuilt:
+            evidence.append(
+                f"{_said(rebuilt, passes, 'a new DataLoader object at every pass')}: its "
+                "workers are the new object's, forked again at every pass whatever "
+                "persistent_workers says"
+            )
+        advice = []
+        if rebuilt:
+            advice.append(
+                "build the DataLoader once, outside the epoch loop: persistent_workers=True "
+                "keeps the workers only across the passes of one DataLoader"
+            )
+        if dropped:
+            advice.append(
+                f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: the workers "
+                "start once, not at every pass"
+            )
+        advice.append(
+            "make a worker's start cheaper (worker_init_fn, a dataset that opens files or "
+            "loads an index when a worker starts)"
+        )
         return Cause(
             "worker-restarts",
             0.85,
-            f"{whose} workers start again at every pass (persistent_workers=False)",
-            _merge(
-                [
-                    *lines,
-                    f"{said}: every pass (epoch) forks the workers again and waits for their "
-                    "first batches",
-                ],
-                host_evidence(ctx),
-            ),
-            (
-                f"{knobs.knob(ctx.framework, 'persistent_workers', 'True')}: the workers "
-                "start once, not at every pass",
-                "make a worker's start cheaper (worker_init_fn, a dataset that opens files "
-                "or loads an index when a worker starts)",
-            ),
+            f"{whose} workers start again at every pass ({', '.join(why)})",
+            _merge(evidence, host_evidence(ctx)),
+            tuple(advice),
             starts=passes,
         )
     advice = [
@@ -366,6 +382,18 @@ def _pass_start(ctx: Context) -> Cause | None:
         tuple(advice),
         starts=passes,
     )
+
+
+def _said(which: list[LoaderStarts], passes: PassStarts, fact: str) -> str:
+    """``fact`` of ``which`` loaders: of the one loader with its workers, or naming them."""
+    if len(passes.loaders) == 1:
+        info = which[0].loader
+        workers = info.num_workers if info is not None else None
+        return f"num_workers={workers}, {fact}"
+    if len(which) == len(passes.loaders) and not passes.partial:
+        return f"{fact} on {'both loaders' if len(which) == 2 else 'every loader'}"
+    names = dict.fromkeys(_short_name(starts, passes) for starts in which)
+    return f"{fact} on {' and '.join(names)}"
 
 
 def _pass_lines(passes: PassStarts) -> list[str]:

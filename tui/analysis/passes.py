@@ -50,6 +50,7 @@ class LoaderStarts:
     batch_wait_s: float  # what a first batch of its waits anyway (the reference above)
     share: float  # its starts' waits beyond the reference / all the data wait judged
     pass_steps: int | None  # steps a pass of it runs (the median of whole ones); None: none
+    rebuilt: bool = False  # its last pass ran over a new loader object (the probe's fact)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ def pass_start_costs(
                 reference,
                 beyond / judged_wait,
                 length,
+                passes[which].rebuilt,
             )
         )
         saved += beyond_typical
