@@ -21,6 +21,7 @@ import secrets
 import socket
 import stat
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -194,6 +195,32 @@ def process_alive(pid: int, started: float | None) -> bool:
         return False  # gone since the signal
     except Exception:
         return True
+
+
+def left_running(pids: Sequence[int], started: float) -> tuple[int, ...]:
+    """Those of ``pids`` (an ended run's DataLoader workers) still running here: alive,
+    not a zombie, created after the run started (``started``, Unix time; an older
+    process with a reused pid is another one). torch's worker watches its parent only
+    once its ``worker_init_fn`` returned: a training killed meanwhile (``kill -9``, the
+    OOM killer, a SIGTERM) leaves its workers running for good."""
+    try:
+        import psutil
+    except ImportError:
+        return ()
+    left = []
+    for pid in pids:
+        if pid <= 0:
+            continue
+        try:
+            process = psutil.Process(pid)
+            if process.create_time() < started - PID_REUSE_SLACK_S:
+                continue
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except Exception:  # gone, or not ours to read
+            continue
+        left.append(pid)
+    return tuple(left)
 
 
 def _read_record(path: Path) -> Record:

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
 
+import psutil
 import pytest
 from fakes_tui import (
     ENDPOINT,
@@ -28,7 +37,8 @@ import gputop_dl.tui.state as state_module
 import gputop_dl.tui.state.hosts as hosts_module
 import gputop_dl.tui.state.run as run_module
 import gputop_dl.tui.state.viewer as viewer_module
-from gputop_dl.probe.messages import Bye, Hello, Loop, StepRecord, Steps, System
+from gputop_dl.probe.discovery import left_running
+from gputop_dl.probe.messages import Bye, Hello, LoaderInfo, Loop, StepRecord, Steps, System
 from gputop_dl.probe.protocol import PROTOCOL_MAJOR, PROTOCOL_MINOR, decode, encode
 from gputop_dl.probe.samples import CpuCore, CpuSample, DiskSample, TopProcess
 from gputop_dl.tui.analysis.thresholds import INPUT_WARN_ENTER, INPUT_WARN_EXIT
@@ -1086,6 +1096,96 @@ def test_a_killed_local_run_shows_as_gone_within_three_seconds() -> None:
     assert pids.asked <= 4  # at most once a second
     # gone: no rate "now" (its last points are from before it stopped), the average stays
     assert state.selected.rate_now is None and state.selected.rate_avg is not None
+
+
+class Leftovers:
+    """The leftover-workers check, at its boundary: which of the pids asked run still."""
+
+    def __init__(self, running: set[int]) -> None:
+        self.running = running
+        self.asked: list[tuple[int, ...]] = []
+
+    def __call__(self, pids: Sequence[int], started: float) -> tuple[int, ...]:
+        self.asked.append(tuple(pids))
+        return tuple(p for p in pids if p in self.running)
+
+
+@pytest.mark.parametrize("end", ["killed", "bye"])
+def test_an_ended_runs_orphaned_workers_are_named_until_gone(end: str) -> None:
+    """A training killed while its workers ran worker_init_fn (torch's worker watches its
+    parent only after it) leaves them running for good: the run's state names them and
+    how to end them, until they are gone; a run whose workers went with it says nothing."""
+    pids = Pids()
+    pids.alive.add(4242)
+    running = {5001, 5002}
+    leftovers = Leftovers(running)
+    state = ViewerState(HOST, pid_alive=pids, left_running=leftovers)
+    state.apply_all(live_run(NOW))
+    info = LoaderInfo("torch.DataLoader", num_workers=3, worker_pids=(5001, 5002, 5003))
+    state.apply(received(replace(hello(started=NOW - 60, pid=4242), loader=info), NOW))
+    state.tick(NOW)
+    assert leftovers.asked == []  # not while it runs
+    if end == "killed":
+        pids.alive.clear()
+    else:
+        state.apply(received(bye(reason="signal SIGTERM"), NOW + 0.1))
+    for at in (NOW + 0.5, NOW + 1.0, NOW + 1.5, NOW + 2.0, NOW + 2.5):
+        state.tick(at)
+    assert state.selected is not None and state.selected.connection.state == "exited"
+    text = state.selected.connection.text
+    assert text.endswith("; 2 of its DataLoader workers still running, orphaned: kill 5001 5002")
+    running.clear()  # the user killed them
+    for at in (NOW + 3.0, NOW + 3.5, NOW + 4.0, NOW + 5.0, NOW + 6.0):
+        state.tick(at)
+    assert "DataLoader" not in state.selected.connection.text
+    assert leftovers.asked[-1] == (5001, 5002, 5003) and len(leftovers.asked) <= 8
+    asked = len(leftovers.asked)
+    state.tick(NOW + 10.0)
+    assert len(leftovers.asked) == asked  # none left: not asked again
+
+
+def test_left_running_finds_a_killed_parents_worker_and_nothing_else() -> None:
+    """The real check: a worker forked by a parent killed with SIGKILL is found; a process
+    older than the run (a reused pid), a zombie and a pid that does not exist are not."""
+    started = time.time()
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(pid, flush=True)\ntime.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    worker = int(parent.stdout.readline())
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while zombie_status(zombie.pid) != "zombie" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = left_running([worker, 1, zombie.pid, 2**22 + 12345], started)
+        assert found == (worker,), (found, worker)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+        zombie.wait()
+    deadline = time.monotonic() + 5
+    while left_running([worker], started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left_running([worker], started) == ()
+
+
+def zombie_status(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return None
 
 
 @pytest.mark.parametrize("late", [0.05, 0.2])

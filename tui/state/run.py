@@ -86,6 +86,10 @@ class Run:
         self.clock_offsets: deque[float] = deque(maxlen=CLOCK_SAMPLES)
         self.slot: int | None = None  # switcher position, given at the first tick
         self.pid_checked: float | None = None  # viewer time of the last pid check
+        # Its DataLoader workers still running once it ended (orphaned), and when the
+        # viewer last looked (None: not yet).
+        self.leftover_workers: tuple[int, ...] = ()
+        self.leftovers_checked: float | None = None
         self.stack: Stack | None = None  # the newest stack the probe took in a stall
 
     # ---------------------------------------------------------------- identity

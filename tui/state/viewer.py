@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from gputop_dl.probe.discovery import left_running as discovery_left_running
 from gputop_dl.probe.discovery import process_alive
 from gputop_dl.probe.messages import Bye, Hello, Loop, Message, Stack, StepRecord, Steps, System
 from gputop_dl.probe.samples import SystemSample, TrainingProcesses
@@ -99,13 +100,17 @@ STALL_MIN_S = 1.5
 LOOP_STATES = frozenset({"in-loop", "outside"})
 
 PidAlive = Callable[[int, float | None], bool]
+# An ended run's worker pids, its start (Unix time) -> those still running here.
+LeftRunning = Callable[[Sequence[int], float], tuple[int, ...]]
 
 
 class ViewerState:
     """The viewer's model of every run and host it has heard from.
 
     ``pid_alive`` checks the pid of runs on ``local_host``; by default the real check
-    when ``local_host`` is this machine, else none (a run's pid means nothing here)."""
+    when ``local_host`` is this machine, else none (a run's pid means nothing here).
+    ``left_running`` finds the DataLoader workers an ended local run left running; by
+    default the real one wherever ``pid_alive`` is."""
 
     def __init__(
         self,
@@ -113,12 +118,17 @@ class ViewerState:
         history_s: float = 300.0,
         *,
         pid_alive: PidAlive | bool | None = True,
+        left_running: LeftRunning | None = None,
     ) -> None:
         self.local_host = local_host
         self.history_s = history_s
+        real = pid_alive is True and local_host == socket.gethostname()
         if pid_alive is True:
-            pid_alive = process_alive if local_host == socket.gethostname() else None
+            pid_alive = process_alive if real else None
         self._pid_alive: PidAlive | None = pid_alive or None
+        self._left_running: LeftRunning | None = left_running or (
+            discovery_left_running if real else None
+        )
         self._sources: dict[str, Run] = {}
         self._hosts = Hosts(history_s)
         self._endpoints: dict[str, EndpointState] = {}
@@ -337,6 +347,7 @@ class ViewerState:
             if not source.is_run:
                 continue
             self._check_pid(source, now)
+            self._check_leftovers(source, now)
             connection = self._connection(source, now)
             ended_at = self._ended_at(source, connection)
             if ended_at is not None and now - ended_at > REMOVE_AFTER_S:
@@ -408,18 +419,35 @@ class ViewerState:
             source.gone_at = now
             self._roster += 1
 
+    def _check_leftovers(self, source: Run, now: float) -> None:
+        """An ended local run's DataLoader workers still running (orphaned): at its end,
+        then at most once a second until none is left."""
+        check, hello = self._left_running, source.hello
+        ended = source.bye is not None or source.gone_at is not None
+        if check is None or hello is None or not ended or hello.host != self.local_host:
+            return
+        pids = hello.loader.worker_pids if hello.loader is not None else ()
+        if not pids or (source.leftovers_checked is not None and not source.leftover_workers):
+            return  # none, or none left at the last look: they do not come back
+        last = source.leftovers_checked
+        if last is not None and 0 <= now - last < PID_CHECK_EVERY_S:
+            return
+        source.leftovers_checked = now
+        source.leftover_workers = check(pids, hello.started)
+
     def _connection(self, source: Run, now: float) -> Connection:
         if source.incompatible is not None:
             return Connection(INCOMPATIBLE, incompatible_text(source.incompatible.theirs))
         if source.bye is not None:
             age = now - (source.bye_received or now)
             steps = fmt_count(source.bye.steps)
-            return Connection(EXITED, f"exited: {source.bye.reason} after {steps} steps", age)
+            text = f"exited: {source.bye.reason} after {steps} steps"
+            return Connection(EXITED, text + _leftovers_text(source.leftover_workers), age)
         if source.last_received is None:
             return Connection(CONNECTING, "connecting")
         age = max(0.0, now - source.last_received)
         if source.gone_at is not None:
-            return Connection(EXITED, GONE_TEXT, age)
+            return Connection(EXITED, GONE_TEXT + _leftovers_text(source.leftover_workers), age)
         local = source.host == self.local_host
         if not local and age > LOST_AFTER_S:
             return Connection(LOST, f"lost: no message for {fmt_duration(age)}", age)
@@ -856,3 +884,12 @@ def _who(run: Run) -> Who:
         hello.rank if hello is not None else None,
         hello.pid if hello is not None else None,
     )
+
+
+def _leftovers_text(pids: tuple[int, ...]) -> str:
+    """What an ended run left running, and what to do about it."""
+    if not pids:
+        return ""
+    listed = " ".join(str(pid) for pid in pids[:8]) + (" …" if len(pids) > 8 else "")
+    workers = "worker" if len(pids) == 1 else "workers"
+    return f"; {len(pids)} of its DataLoader {workers} still running, orphaned: kill {listed}"
