@@ -470,19 +470,34 @@ class Probe:
             # Not a loop inside another's step (an evaluation run in a training step):
             # the hello describes this pass's loader and lists its loader's pass starts.
             self._note_pass_start(loader_key, info, instance)
-            # The loop's state goes out as a Loop message (which viewers apply to the
-            # hello they hold); a new hello only for what else changed: the loader (each
-            # epoch's worker pids) or the framework. A hello a pass cost the publisher
-            # ~0.25 ms each for loops of short passes (bench/short_passes.py).
-            if info is not None and info != self._loader_info:
-                self._loader_info = info
-                if info.dataset_path and self._sampler is not None:
-                    self._sampler.set_data_path(info.dataset_path)  # checked off-thread
-                self._hello_dirty.set()
+            self._describe_loader(info)
         if framework is not None and framework != self._framework:
             self._framework = framework
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
+
+    def _loop_described(self, info: LoaderInfo | None, loader_key: Hashable) -> None:
+        """Training thread: the pass entered with no description (``watch`` enters before
+        ``iter(loader)``, which may take long: workers forked, a sampler's ``__iter__``)
+        is described as ``iter()`` made it (its worker pids)."""
+        if self._passes != 1 or info is None:
+            return
+        kept = self._pass_starts.get(loader_key)
+        if kept is not None:
+            starts, _, ref, rebuilt = kept
+            self._pass_starts[loader_key] = (starts, _without_pids(info), ref, rebuilt)
+        self._describe_loader(info)
+
+    def _describe_loader(self, info: LoaderInfo | None) -> None:
+        # The loop's state goes out as a Loop message (which viewers apply to the hello
+        # they hold); a new hello only for what else changed: the loader (each epoch's
+        # worker pids) or the framework. A hello a pass cost the publisher ~0.25 ms each
+        # for loops of short passes (bench/short_passes.py).
+        if info is not None and info != self._loader_info:
+            self._loader_info = info
+            if info.dataset_path and self._sampler is not None:
+                self._sampler.set_data_path(info.dataset_path)  # checked off-thread
+            self._hello_dirty.set()
 
     def _note_pass_start(
         self, loader_key: Hashable, info: LoaderInfo | None, instance: object = None
@@ -518,9 +533,7 @@ class Probe:
             for other, *_ in known.values():
                 while other and other[0] < horizon:
                     other.popleft()
-        # Worker pids change every pass of workers not kept: the hello's loader has them.
-        if info is not None and info.worker_pids:
-            info = replace(info, worker_pids=())
+        info = _without_pids(info)
         # A DataLoader built again for each pass (persistent_workers=True then keeps its
         # workers for nothing): the last pass's object is not this one.
         last = kept[2]() if kept is not None and kept[2] is not None else None
@@ -1143,6 +1156,14 @@ class _DrainState:
         if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
             self.base = first_end
         return self.base
+
+
+def _without_pids(info: LoaderInfo | None) -> LoaderInfo | None:
+    """A loader's description for its pass starts: worker pids change every pass of
+    workers not kept, and the hello's loader has the current ones."""
+    if info is not None and info.worker_pids:
+        return replace(info, worker_pids=())
+    return info
 
 
 def _host_rows(raws: list[_Raw], base: float) -> list[HostRow]:

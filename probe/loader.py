@@ -70,8 +70,9 @@ def unwrap(iterable: Any) -> tuple[Any, str | None]:
 
 def identity(iterable: Any) -> Hashable:
     """What stays the same over the passes of one loop and tells it from another loop's:
-    its dataset (a DataLoader built again every epoch wraps the same one) with what
-    splits a dataset between loaders (the sampler's kind and length: a training split's
+    its dataset (a DataLoader built again every epoch wraps the same one; a dataset that
+    grows between epochs stays one) with what splits a dataset between loaders (the
+    sampler's type and the index list a subset sampler draws from: a training split's
     and a validation split's SubsetRandomSampler; the batch size; the workers); else the
     loader inside known wrappers."""
     inner, _ = unwrap(iterable)
@@ -79,14 +80,11 @@ def identity(iterable: Any) -> Hashable:
     if dataset is None:
         return id(inner)
     sampler = _get(inner, "sampler")
-    try:
-        length: int | None = _int_or_none(len(sampler)) if sampler is not None else None
-    except Exception:  # a sampler without a length, or one whose len() raises
-        length = None
+    indices = _get(sampler, "indices") if sampler is not None else None
     return (
         id(dataset),
         type(sampler).__name__,
-        length,
+        None if indices is None else id(indices),
         _int_or_none(_get(inner, "batch_size")),
         _int_or_none(_get(inner, "num_workers")),
     )

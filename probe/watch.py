@@ -154,17 +154,27 @@ class Watched(Generic[T]):
         # A pass's first step waits from here: iter() of a DataLoader starts its workers
         # (a fork each, then their init), which is the loop's wait for data too.
         t0 = perf()
-        # A loader that cannot start raises here, before the pass is entered: a pass
-        # left without being entered ended the count of a loop running around this one.
-        iterator = iter(self._iterable)
+        # An outermost pass is entered before iter(), which may take long (workers
+        # forked, a sampler's __iter__ run by a DataLoader with workers): a viewer shows
+        # that time as the pass's start, not as "outside the training loop", and a hang
+        # there as one; a loader that cannot start leaves it at once. A loop inside
+        # another's step is entered after: one that cannot start leaves that pass alone.
+        key, instance = loader.identity(self._iterable), loader.unwrap(self._iterable)[0]
+        early = probe._passes == 0
+        if early:
+            probe._loop_entered(None, self._framework, key, instance)
+        try:
+            iterator = iter(self._iterable)
+        except BaseException as exc:
+            if early:
+                probe._loop_left(f"exception:{type(exc).__name__}")
+            raise
         try:
             info = self._pass_info(iterator)
-            probe._loop_entered(
-                info,
-                self._framework,
-                loader.identity(self._iterable),
-                loader.unwrap(self._iterable)[0],
-            )
+            if early:
+                probe._loop_described(info, key)
+            else:
+                probe._loop_entered(info, self._framework, key, instance)
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
             count = self._count
             open_step = probe._open_step

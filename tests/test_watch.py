@@ -47,8 +47,13 @@ class Recording(probe.Probe):
         loader_key: Hashable = None,
         instance: object = None,
     ) -> None:
-        self.events.append(("entered", info))
+        if info is not None:  # (an outermost pass is described once iter() made it)
+            self.events.append(("entered", info))
         super()._loop_entered(info, framework, loader_key, instance)
+
+    def _loop_described(self, info: LoaderInfo | None, loader_key: Hashable) -> None:
+        self.events.append(("entered", info))
+        super()._loop_described(info, loader_key)
 
     def _loop_left(self, how: str) -> None:
         self.events.append(("left", how))
@@ -426,6 +431,30 @@ def test_loaders_splitting_one_dataset_are_listed_apart(p: Recording) -> None:
     assert [lp.starts for lp in p.hello().passes] == [(0, 10, 20), (8, 18, 28)]
 
 
+def test_a_dataset_that_grows_between_epochs_stays_one_loader(p: Recording) -> None:
+    """A replay buffer, active learning: the dataset's length changes every epoch (keyed
+    by its sampler's length, each epoch was a loader of its own: every start a first,
+    the 8 loaders kept evicted in turn)."""
+
+    class Growing(Dataset[Any]):
+        def __init__(self) -> None:
+            self.n = 8
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __getitem__(self, i: int) -> Any:
+            return torch.zeros(1)
+
+    ds = Growing()
+    train = DataLoader(ds, batch_size=4, shuffle=True)
+    for _ in range(3):
+        for _ in p.watch(train):
+            pass
+        ds.n += 4
+    assert [lp.starts for lp in p.hello().passes] == [(0, 2, 5)]
+
+
 def test_the_hello_never_misses_the_loader_of_a_pass_being_started(p: Recording) -> None:
     """The hello is built on the publisher's thread while the training thread notes a
     pass's start: that loader's entry must never be out of the table meanwhile (it was
@@ -445,3 +474,30 @@ def test_the_hello_never_misses_the_loader_of_a_pass_being_started(p: Recording)
     p._pass_starts = Watching()
     train_then_evaluate(p, tensor_loader(n=8), tensor_loader(n=4, batch=2), 3)
     assert len(p.hello().passes) == 2 and ops == [], ops
+
+
+def test_an_outermost_pass_is_in_the_loop_while_iter_runs(p: Recording) -> None:
+    """iter() of a DataLoader with workers forks them and runs the sampler's __iter__
+    (a shuffle of a large index: seconds): that time is the pass's start, in the loop (it
+    read "outside the training loop", info, a hang there hidden for good). A loader that
+    cannot start leaves the loop on its exception."""
+    seen: list[str] = []
+
+    class SlowStart:
+        def __iter__(self) -> Iterator[int]:
+            seen.append(p._loop)
+            return iter(range(3))
+
+    class Broken:
+        def __iter__(self) -> Iterator[int]:
+            seen.append(p._loop)
+            raise RuntimeError("cannot open the shards")
+
+    for _ in p.watch(SlowStart()):
+        pass
+    assert seen == ["in-loop"] and p._loop == "outside"
+    with pytest.raises(RuntimeError, match="shards"):
+        for _ in p.watch(Broken()):
+            pass
+    assert seen == ["in-loop", "in-loop"]
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "exception:RuntimeError", 0)

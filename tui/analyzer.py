@@ -15,6 +15,7 @@ Thresholds live in ``tui.analysis.thresholds``; ``docs/verdicts.md`` explains ea
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -203,10 +204,17 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
         # Over the steps the starts were judged on (the window may hold more starts, or
         # fewer, than they do on average): its rate and its rate without those waits.
         unit = "samples/s" if starts.per_sample else "steps/s"
+        if starts.whole:  # scaled to whole passes the window does not hold
+            over = "over whole passes"
+        else:
+            over = (
+                "over the last pass"
+                if starts.passes == 1
+                else f"over the last {starts.passes} passes"
+            )
         return (
             f"without those waits: at most ≈ {fmt.num(starts.ceiling)} {unit}, "
-            f"{_gain(starts.rate, starts.ceiling)} (over the last {starts.passes} passes: "
-            f"{fmt.num(starts.rate)} {unit})"
+            f"{_gain(starts.rate, starts.ceiling)} ({over}: {fmt.num(starts.rate)} {unit})"
         )
     plain = _headroom(stats, "the data wait", share)
     loaders = cause.waiting_loaders_after
@@ -545,7 +553,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
             if starting is not None:
                 return starting
         evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
-        if usual is not None:
+        taken = current(window.stack, last_index)
+        # (a stack outside the loader: not the start's time; a start of 0 s: no ratio)
+        if usual is not None and usual[0] > 0 and (taken is None or taken.fetching):
             evidence.append(f"{_took(usual)}: this start has taken {gap / usual[0]:.1f}x that")
     else:
         evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
@@ -599,7 +609,9 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
 def _at_pass_start(hello: Hello | None) -> tuple[float, str] | bool | None:
     """Whether the probe says the loop awaits the first step of a pass it listed (the
     current loader's newest start, its wait not known yet): False if not; else (the
-    longest wait of that loader's last starts, "the last N passes"), or None without any."""
+    median wait of that loader's last starts, "the last N passes"), or None without any.
+    The median: one abnormal start (a cold first epoch, a hang that recovered) must not
+    excuse the next ones."""
     if hello is None or not hello.passes:
         return False
     current = hello.passes[-1]
@@ -610,7 +622,8 @@ def _at_pass_start(hello: Hello | None) -> tuple[float, str] | bool | None:
     if not waits:
         return None
     n = len(waits)
-    return max(waits), ("the last pass's first batch" if n == 1 else f"the last {n} passes")
+    which = "the last pass's first batch" if n == 1 else f"the last {n} passes"
+    return statistics.median(waits), which
 
 
 def _starting_pass(
@@ -627,6 +640,9 @@ def _starting_pass(
     hello = window.hello
     if hello is None:
         return None
+    stack = current(window.stack, last_index)
+    if stack is not None and not stack.fetching:
+        return None  # the probe's stack: not in the loader (the first step's own work)
     if usual is not None:
         if gap > max(limit, PASS_START_STALL_FACTOR * usual[0]):
             return None
@@ -643,7 +659,6 @@ def _starting_pass(
     state = _process_state(window.systems, window.now, True)
     if state:
         evidence.append(state)
-    stack = current(window.stack, last_index)
     if stack is not None:
         evidence.extend(stack_evidence(stack))
     bound = (
@@ -670,10 +685,10 @@ def _starting_pass(
 
 
 def _took(usual: tuple[float, str]) -> str:
-    longest, which = usual
+    typical, which = usual
     if which.endswith("first batch"):
-        return f"{which} took {fmt.dur(longest)}"
-    return f"the first batches of {which} took {fmt.dur(longest)} at most"
+        return f"{which} took {fmt.dur(typical)}"
+    return f"the first batches of {which} took {fmt.dur(typical)} (median)"
 
 
 # --- candidates -----------------------------------------------------------------------------
