@@ -533,7 +533,9 @@ class Probe:
             for other, *_ in known.values():
                 while other and other[0] < horizon:
                     other.popleft()
-        info = _without_pids(info)
+        # Entered before iter() (watch): described after it; until then its last pass's
+        # description stands (a viewer judges its starts with it meanwhile).
+        info = _without_pids(info) if info is not None or kept is None else kept[1]
         # A DataLoader built again for each pass (persistent_workers=True then keeps its
         # workers for nothing): the last pass's object is not this one.
         last = kept[2]() if kept is not None and kept[2] is not None else None

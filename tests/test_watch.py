@@ -501,3 +501,22 @@ def test_an_outermost_pass_is_in_the_loop_while_iter_runs(p: Recording) -> None:
             pass
     assert seen == ["in-loop", "in-loop"]
     assert (p._loop, p._loop_exit, p._passes) == ("outside", "exception:RuntimeError", 0)
+
+
+def test_a_pass_being_started_keeps_its_loaders_description(p: Recording) -> None:
+    """Entered before iter(), described after it: meanwhile the hello describes the
+    loader as its last pass did, not as None (a viewer judged its starts with no workers
+    during every start: "pass-start" where it was "worker-restarts")."""
+    described: list[LoaderInfo | None] = []
+
+    class Loader:
+        def __iter__(self) -> Iterator[int]:
+            described.append(p.hello().passes[-1].loader)
+            return iter(range(3))
+
+    loader = Loader()
+    for _ in range(2):
+        for _ in p.watch(loader):
+            pass
+    assert described[0] is None  # its first pass: nothing known yet
+    assert described[1] is not None and described[1].kind == "Loader", described
