@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
 from operator import attrgetter, call
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
 from gputop_dl.probe import stack as stacks
@@ -139,8 +139,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # (index, t0, t1, t_next, samples, ev_start, ev_end): what the training thread appends
 _Raw = tuple[int, float, float, float, Any, Any, Any]
-# Probe._pass_starts' values: (starts, description, the last pass's loader, rebuilt)
-_Listed = tuple[deque[int], LoaderInfo | None, "weakref.ref[Any] | None", bool]
 # A step record in its wire form (StepRecord field order): durations in integer
 # microseconds, the end in microseconds after its batch's base time. Host-timed rows are
 # protocol.HostRow (5 fields), rows with device times or phases protocol.WireRow (9).
@@ -320,8 +318,6 @@ class Probe:
         # outermost watched loop, and the loader's description (Hello.passes), by
         # loader.identity, the loader used the longest ago first: a viewer tells the
         # waits a pass's start costs from the rest, each loader's with its settings.
-        # (starts, the loader's description, a weak reference to the loader object of
-        # its last pass, whether that object was a new one)
         self._pass_starts: OrderedDict[Hashable, _Listed] = OrderedDict()
         self._starts_horizon = 0  # every start from here on is listed (_note_pass_start)
         # Those starts' indices for the publisher, which notes each one's first step's
@@ -484,8 +480,7 @@ class Probe:
             return
         kept = self._pass_starts.get(loader_key)
         if kept is not None:
-            starts, _, ref, rebuilt = kept
-            self._pass_starts[loader_key] = (starts, _without_pids(info), ref, rebuilt)
+            self._pass_starts[loader_key] = kept._replace(info=_without_pids(info))
         self._describe_loader(info)
 
     def _describe_loader(self, info: LoaderInfo | None) -> None:
@@ -514,15 +509,15 @@ class Probe:
         kept = known.get(loader_key)
         if kept is None:
             if len(known) >= PASS_START_LOADERS:
-                _, (evicted, *_) = known.popitem(last=False)  # the loader unused the longest
+                evicted = known.popitem(last=False)[1].starts  # the loader unused the longest
                 if evicted:
                     horizon = max(horizon, evicted[-1] + 1)
             starts: deque[int] = deque(maxlen=PASS_STARTS_KEPT)
         else:
-            starts = kept[0]
-        for other, *_ in known.values():
-            if other and other[-1] == first:  # an empty pass: this step is this one's
-                other.pop()
+            starts = kept.starts
+        for other in known.values():
+            if other.starts and other.starts[-1] == first:  # an empty pass: this step is this one's
+                other.starts.pop()
         if not starts or starts[-1] != first:  # (after an empty pass)
             if len(starts) == starts.maxlen:
                 horizon = max(horizon, starts[0] + 1)
@@ -530,23 +525,22 @@ class Probe:
             self._starts_due.append(first)
         if horizon != self._starts_horizon:
             self._starts_horizon = horizon
-            for other, *_ in known.values():
-                while other and other[0] < horizon:
-                    other.popleft()
+            for other in known.values():
+                while other.starts and other.starts[0] < horizon:
+                    other.starts.popleft()
         # Entered before iter() (watch): described after it; until then its last pass's
         # description stands (a viewer judges its starts with it meanwhile).
-        info = _without_pids(info) if info is not None or kept is None else kept[1]
+        info = _without_pids(info) if info is not None or kept is None else kept.info
         # A DataLoader built again for each pass (persistent_workers=True then keeps its
         # workers for nothing): the last pass's object is not this one.
-        last = kept[2]() if kept is not None and kept[2] is not None else None
-        rebuilt = kept is not None and kept[2] is not None and last is not instance
+        rebuilt = kept is not None and kept.last is not None and kept.last() is not instance
         try:
-            ref = weakref.ref(instance) if instance is not None else None
+            last = weakref.ref(instance) if instance is not None else None
         except TypeError:  # an object without weak references: not told
-            ref = None
+            last = None
         if kept is not None:
             known.move_to_end(loader_key)  # the loaders in use stay
-        known[loader_key] = (starts, info, ref, rebuilt)
+        known[loader_key] = _Listed(starts, info, last, rebuilt)
 
     def _loop_left(self, how: str) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
@@ -748,8 +742,8 @@ class Probe:
         # list() and tuple() copy in C, holding the GIL: the training thread adds starts
         # while this runs.
         listed = [
-            (tuple(starts), info, rebuilt)
-            for starts, info, _, rebuilt in list(self._pass_starts.values())
+            (tuple(entry.starts), entry.info, entry.rebuilt)
+            for entry in list(self._pass_starts.values())
         ]
         waits = self._start_waits
         if len(waits) > 2 * PASS_STARTS_KEPT * PASS_START_LOADERS:  # forget unlisted ones
@@ -1158,6 +1152,16 @@ class _DrainState:
         if self.base is None or not 0.0 <= first_end - self.base <= BASE_EPOCH_S:
             self.base = first_end
         return self.base
+
+
+class _Listed(NamedTuple):
+    """A loader's entry in Probe._pass_starts, replaced whole (one item set: the
+    publisher thread reads the table meanwhile)."""
+
+    starts: deque[int]
+    info: LoaderInfo | None  # its description as of its last pass
+    last: weakref.ref[Any] | None  # its last pass's loader object
+    rebuilt: bool  # that object was not the pass's before
 
 
 def _without_pids(info: LoaderInfo | None) -> LoaderInfo | None:

@@ -68,14 +68,14 @@ def unwrap(iterable: Any) -> tuple[Any, str | None]:
     return inner, wrapper
 
 
-def identity(iterable: Any) -> Hashable:
-    """What stays the same over the passes of one loop and tells it from another loop's:
+def identity(inner: Any) -> Hashable:
+    """What stays the same over the passes of one loop and tells it from another loop's
+    (``inner``: the loader inside known wrappers, as ``unwrap`` gives it):
     its dataset (a DataLoader built again every epoch wraps the same one; a dataset that
     grows between epochs stays one) with what splits a dataset between loaders (the
     sampler's type and the index list a subset sampler draws from: a training split's
     and a validation split's SubsetRandomSampler; the batch size; the workers); else the
-    loader inside known wrappers."""
-    inner, _ = unwrap(iterable)
+    loader object itself."""
     dataset = _get(inner, "dataset")
     if dataset is None:
         return id(inner)

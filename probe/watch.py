@@ -159,7 +159,8 @@ class Watched(Generic[T]):
         # that time as the pass's start, not as "outside the training loop", and a hang
         # there as one; a loader that cannot start leaves it at once. A loop inside
         # another's step is entered after: one that cannot start leaves that pass alone.
-        key, instance = loader.identity(self._iterable), loader.unwrap(self._iterable)[0]
+        instance = loader.unwrap(self._iterable)[0]
+        key = loader.identity(instance)
         early = probe._passes == 0
         if early:
             probe._loop_entered(None, self._framework, key, instance)

@@ -11,7 +11,7 @@ import os
 import pickle
 import traceback
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -40,20 +40,14 @@ class Recording(probe.Probe):
         super().__init__(name="watch-test", system_interval_s=0)
         self.events: list[tuple[str, Any]] = []
 
-    def _loop_entered(
-        self,
-        info: LoaderInfo | None,
-        framework: str | None,
-        loader_key: Hashable = None,
-        instance: object = None,
-    ) -> None:
+    def _loop_entered(self, info: LoaderInfo | None, *rest: Any) -> None:
         if info is not None:  # (an outermost pass is described once iter() made it)
             self.events.append(("entered", info))
-        super()._loop_entered(info, framework, loader_key, instance)
+        super()._loop_entered(info, *rest)
 
-    def _loop_described(self, info: LoaderInfo | None, loader_key: Hashable) -> None:
+    def _loop_described(self, info: LoaderInfo | None, *rest: Any) -> None:
         self.events.append(("entered", info))
-        super()._loop_described(info, loader_key)
+        super()._loop_described(info, *rest)
 
     def _loop_left(self, how: str) -> None:
         self.events.append(("left", how))

@@ -389,28 +389,33 @@ def _slow_start(window: Window, steps: list[StepRecord], evidence: list[str]) ->
         f"{done} of {MIN_STEPS} steps so far, none for {fmt.dur(gap)}",
         *evidence[1:],
     ]
-    state = _process_state(window.systems, window.now, True)
-    if state:
-        evidence.append(state)
     stack = current(window.stack, done - 1 if done else None)
-    if stack is not None:
-        evidence.extend(stack_evidence(stack))
-    pyspy = f"py-spy dump --pid {hello.pid}"
+    where, look = _where_it_waits(window, hello, stack)
     return Verdict(
         "warming-up",
         "warning",
         0.5,
         f"No step for {fmt.dur(gap)} in the training loop: a slow first step, or a hang "
         f"({done} of {MIN_STEPS} steps so far)",
-        evidence=tuple(evidence),
+        evidence=(*evidence, *where),
         advice=(
             "first steps can take minutes: torch.compile, NCCL or HCCL setup, cuDNN "
             "autotuning, DataLoader workers starting",
-            pyspy_advice(hello.pid, hello.host, window.ptrace)
-            if stack is not None
-            else f"if it does not move, see where it waits: {pyspy}",
+            look,
         ),
     )
+
+
+def _where_it_waits(window: Window, hello: Hello, stack: Stack | None) -> tuple[list[str], str]:
+    """Evidence of where a training with no step waits (its processes' CPU, the probe's
+    stack of the training thread) and the advice to look further."""
+    lines = []
+    state = _process_state(window.systems, window.now, True)
+    if state:
+        lines.append(state)
+    if stack is None:
+        return lines, f"if it does not move, see where it waits: py-spy dump --pid {hello.pid}"
+    return [*lines, *stack_evidence(stack)], pyspy_advice(hello.pid, hello.host, window.ptrace)
 
 
 def _process_state(systems: Sequence[SystemSample], now: float, in_loop: bool) -> str | None:
@@ -545,18 +550,18 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         f"stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
     )
-    at_start = _at_pass_start(hello) if from_entry else False
-    usual = at_start if isinstance(at_start, tuple) else None
     if from_entry:
-        if at_start is not False:
-            starting = _starting_pass(window, gap, limit, usual, last_index)
+        evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
+        start = _pass_start_now(hello)
+        if start is not None:
+            usual, took = start
+            taken = current(window.stack, last_index)
+            starting = _starting_pass(window, gap, limit, usual, took, taken)
             if starting is not None:
                 return starting
-        evidence = [f"the loop was entered {fmt.dur(gap)} ago, no step since; {rule}"]
-        taken = current(window.stack, last_index)
-        # (a stack outside the loader: not the start's time; a start of 0 s: no ratio)
-        if usual is not None and usual[0] > 0 and (taken is None or taken.fetching):
-            evidence.append(f"{_took(usual)}: this start has taken {gap / usual[0]:.1f}x that")
+            # (a stack outside the loader: not the start's time; a start of 0 s: no ratio)
+            if usual and (taken is None or taken.fetching):
+                evidence.append(f"{took}: this start has taken {gap / usual:.1f}x that")
     else:
         evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
     state = _process_state(
@@ -606,89 +611,59 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     )
 
 
-def _at_pass_start(hello: Hello | None) -> tuple[float, str] | bool | None:
-    """Whether the probe says the loop awaits the first step of a pass it listed (the
-    current loader's newest start, its wait not known yet): False if not; else (the
-    median wait of that loader's last starts, "the last N passes"), or None without any.
-    The median: one abnormal start (a cold first epoch, a hang that recovered) must not
+def _pass_start_now(hello: Hello | None) -> tuple[float | None, str] | None:
+    """None unless the probe says the loop awaits the first step of a pass it listed (the
+    current loader's newest start, its wait not known yet); then the median wait of that
+    loader's last starts (None: none known) and which they are, "the last N passes". The
+    median: one abnormal start (a cold first epoch, a hang that recovered) must not
     excuse the next ones."""
     if hello is None or not hello.passes:
-        return False
+        return None
     current = hello.passes[-1]
     waits_listed = len(current.waits) == len(current.starts)
     if not current.starts or not waits_listed or current.waits[-1] is not None:
-        return False
+        return None
     waits = [w for w in current.waits[:-1] if w is not None][-PASS_START_STALL_STARTS:]
     if not waits:
-        return None
-    n = len(waits)
-    which = "the last pass's first batch" if n == 1 else f"the last {n} passes"
-    return statistics.median(waits), which
+        return None, "the loader's first start seen: none to compare with"
+    if len(waits) == 1:
+        return waits[0], f"the last pass's first batch took {fmt.dur(waits[0])}"
+    usual = statistics.median(waits)
+    return (
+        usual,
+        f"the first batches of the last {len(waits)} passes took {fmt.dur(usual)} (median)",
+    )
 
 
 def _starting_pass(
-    window: Window,
-    gap: float,
-    limit: float,
-    usual: tuple[float, str] | None,
-    last_index: int | None,
+    window: Window, gap: float, limit: float, usual: float | None, took: str, stack: Stack | None
 ) -> Verdict | None:
     """The loop entered ``gap`` ago and no step since, past the stall threshold
-    ``limit``: a pass's start, judged against the loader's last starts (info while it
-    takes no longer than PASS_START_STALL_FACTOR times the longest), or, without them, as
-    a first step is (a warning until FIRST_STEPS_STALL_S). None: a stall."""
+    ``limit``, the probe's ``stack`` (if taken) in the loader: a pass's start, judged
+    against the median ``usual`` of the loader's last starts (info up to
+    PASS_START_STALL_FACTOR times it), or, without them, as a first step is (a warning
+    until FIRST_STEPS_STALL_S). None: a stall."""
     hello = window.hello
-    if hello is None:
-        return None
-    stack = current(window.stack, last_index)
-    if stack is not None and not stack.fetching:
+    if hello is None or (stack is not None and not stack.fetching):
         return None  # the probe's stack: not in the loader (the first step's own work)
-    if usual is not None:
-        if gap > max(limit, PASS_START_STALL_FACTOR * usual[0]):
-            return None
-        severity = "info"
-        context = _took(usual)
-    else:
-        if gap > FIRST_STEPS_STALL_S:
-            return None
-        severity = "warning"
-        context = "the loader's first start seen: none to compare with"
-    evidence = [
-        f"the loop was entered {fmt.dur(gap)} ago, no step since; {context}",
-    ]
-    state = _process_state(window.systems, window.now, True)
-    if state:
-        evidence.append(state)
-    if stack is not None:
-        evidence.extend(stack_evidence(stack))
-    bound = (
-        fmt.dur(max(limit, PASS_START_STALL_FACTOR * usual[0]))
-        if usual is not None
-        else fmt.dur(FIRST_STEPS_STALL_S)
-    )
+    bound = FIRST_STEPS_STALL_S if usual is None else max(limit, PASS_START_STALL_FACTOR * usual)
+    if gap > bound:
+        return None
+    where, look = _where_it_waits(window, hello, stack)
     return Verdict(
         "starting-pass",
-        severity,
+        "warning" if usual is None else "info",
         0.5,
-        f"Starting a pass: no batch for {fmt.dur(gap)} since the loop was entered ({context})",
-        evidence=tuple(evidence),
+        f"Starting a pass: no batch for {fmt.dur(gap)} since the loop was entered ({took})",
+        evidence=(f"the loop was entered {fmt.dur(gap)} ago, no step since; {took}", *where),
         advice=(
             "a pass's start forks the DataLoader's workers again (persistent_workers=False) "
-            "and runs worker_init_fn and the sampler's __iter__; called a stall past "
-            f"{bound}",
-            pyspy_advice(hello.pid, hello.host, window.ptrace)
-            if stack is not None
-            else f"if it does not move, see where it waits: py-spy dump --pid {hello.pid}",
+            f"and runs worker_init_fn and the sampler's __iter__; called a stall past "
+            f"{fmt.dur(bound)}",
+            look,
         ),
         conditions=("starting-pass",),
     )
-
-
-def _took(usual: tuple[float, str]) -> str:
-    typical, which = usual
-    if which.endswith("first batch"):
-        return f"{which} took {fmt.dur(typical)}"
-    return f"the first batches of {which} took {fmt.dur(typical)} (median)"
 
 
 # --- candidates -----------------------------------------------------------------------------

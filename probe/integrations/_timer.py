@@ -72,8 +72,8 @@ class HookTimer:
             info = None
         if any(r is not None for r in ranks):
             p._set_ranks(*ranks)
-        key = loader.identity(dataloader) if dataloader is not None else None
         instance = loader.unwrap(dataloader)[0] if dataloader is not None else None
+        key = loader.identity(instance) if instance is not None else None
         p._loop_entered(info, framework, key, instance)
         self._t_prev = time.perf_counter()
 

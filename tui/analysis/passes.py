@@ -22,6 +22,7 @@ first wait. The headroom takes the first reference only: an upper bound.
 from __future__ import annotations
 
 import statistics
+import sys
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -96,20 +97,12 @@ def pass_start_costs(
     tail = steps[-MAX_WINDOW_STEPS:]
     if not tail:
         return None
-    owner: dict[int, int] = {}  # a pass's first step -> its loader (in ``passes``)
-    for which, listed_passes in enumerate(passes):
-        for start in listed_passes.starts:
-            owner[start] = which  # (listed twice: the later loader's, the one run last)
+    owner = _owners(passes)
     listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
         return None
     judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
-    loaders: dict[int, _Loader] = {}
-    # Each loader's whole passes, from every start the probe lists (also those before
-    # the steps held: a long pass's length is known from its starts alone).
-    every = sorted(i for i in owner if i < known)
-    for start, end in pairwise(every):
-        loaders.setdefault(owner[start], _Loader()).lengths.append(end - start)
+    loaders = {which: _Loader(lengths=lengths) for which, lengths in _lengths(owner, known).items()}
     for step in judged:
         start = listed[bisect_right(listed, step.index) - 1]
         group = loaders.setdefault(owner[start], _Loader())
@@ -173,6 +166,22 @@ def pass_start_costs(
     )
 
 
+def _owners(passes: Sequence[LoaderPasses]) -> dict[int, int]:
+    """A pass's first step -> its loader (its position in ``passes``); listed twice: the
+    later loader's, the one run last."""
+    return {start: which for which, listed in enumerate(passes) for start in listed.starts}
+
+
+def _lengths(owner: dict[int, int], known: int) -> dict[int, list[int]]:
+    """Each loader's whole passes' steps, from every start the probe lists before
+    ``known`` (also those before the steps held: a long pass's length is known from its
+    starts alone)."""
+    lengths: dict[int, list[int]] = {}
+    for start, end in pairwise(sorted(i for i in owner if i < known)):
+        lengths.setdefault(owner[start], []).append(end - start)
+    return lengths
+
+
 def _loader_costs(
     info: LoaderInfo | None, group: _Loader
 ) -> tuple[float, float, float, float] | None:
@@ -209,12 +218,11 @@ def steady_starts(passes: Sequence[LoaderPasses], steps: Sequence[StepRecord]) -
     if not passes or not steps:
         return frozenset()
     period = statistics.median(s.period_s for s in steps[-MAX_WINDOW_STEPS:])
-    merged = sorted({i for listed in passes for i in listed.starts})
-    length = {start: end - start for start, end in pairwise(merged)}
+    by_loader = _lengths(_owners(passes), sys.maxsize)
     steady: set[int] = set()
-    for listed in passes:
+    for which, listed in enumerate(passes):
         waits = [w for w in listed.waits if w is not None]
-        lengths = [length[i] for i in listed.starts if i in length]
+        lengths = by_loader.get(which)
         if len(waits) < 2 or not lengths:
             continue
         wait, busy = statistics.median(waits), statistics.median(lengths) * period
