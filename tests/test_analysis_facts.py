@@ -1007,6 +1007,77 @@ def test_a_recurring_costly_start_is_not_left_out_as_an_outlier(
     assert f": {start_share} % of the data wait {over}" in text(v), text(v)
 
 
+LONG_PASS_WINDOWS = {
+    # steps after the last start where the window's 30 steps begin
+    "just after the start (the start held, left out as an outlier)": 10,
+    "past the steps a window holds of the start": 400,
+    "in the middle of the pass": 500,
+    "near its end": 960,
+}
+
+
+@pytest.mark.parametrize("after", list(LONG_PASS_WINDOWS.values()), ids=list(LONG_PASS_WINDOWS))
+def test_a_long_pass_is_judged_over_whole_passes_all_through_it(after: int) -> None:
+    """5 s worker starts before 1,000-step passes of 13 ms cost a third of the run's time.
+    The window holds 30 steps: it read "moderately input-bound, 8 %" with the start named
+    only while a window held it (4 s of each 18 s pass) and "cause unknown" for the rest;
+    the share the headline judged was the window's either way. Now every window of the
+    pass says the same: the probe's first waits of the last passes stand for the starts
+    a window does not hold, and the headline is over whole passes."""
+    steps, starts = epochs(4, 1000, 5.0, period=0.012)
+    waits = tuple(s.wait_s for s in steps if s.index in starts)
+    info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
+    h = replace(
+        hello(2, persistent=False),
+        passes=(LoaderPasses(info, starts, waits),),
+        step_count=steps[-1].index + 1,
+    )
+    recent = [s for s in steps if s.index >= starts[-1] + after][:30]
+    v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
+    assert v.cause == "worker-restarts", text(v)
+    assert v.severity == "warning", text(v)
+    assert v.headline.startswith("Input-bound (data wait 33 % of the time over whole passes)"), (
+        v.headline
+    )
+    assert "83 % of the data wait over a whole pass (1,000 steps)" in text(v), text(v)
+    # the headroom over whole passes: 32,000 samples in 13 s + 5 s, without the start 13 s
+    assert "at most ≈ 2462 samples/s, +38 % (over whole passes: 1778 samples/s)" in text(v), (
+        v.headroom
+    )
+
+
+def test_a_cold_first_start_of_long_passes_does_not_weigh_on_every_pass() -> None:
+    """The first epoch's workers took 40 s (a cold page cache), the next ones 0.2 s: in
+    the middle of a later pass the starts are judged at their median, not their mean
+    (10 s, which would read as a third of every pass)."""
+    steps, starts = epochs(4, 1000, 0.2, period=0.012)
+    waits = (40.0, 0.2, 0.2, 0.2)
+    info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
+    h = replace(
+        hello(2, persistent=False),
+        passes=(LoaderPasses(info, starts, waits),),
+        step_count=steps[-1].index + 1,
+    )
+    recent = [s for s in steps if s.index >= starts[-1] + 500][:30]
+    v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
+    assert v.cause != "worker-restarts", text(v)
+    assert "over whole passes" not in v.headline, v.headline
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["no start listed yet", "waits unknown"])
+def test_a_long_first_pass_is_not_judged_on_starts_it_has_not_seen(listed: bool) -> None:
+    """In the first pass there is no whole pass to scale to; a start whose wait the probe
+    has not published stands for nothing."""
+    steps, starts = epochs(2, 1000, 5.0, period=0.012)
+    info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
+    passes = (LoaderPasses(info, starts, (None, None)),) if listed else ()
+    h = replace(hello(2, persistent=False), passes=passes, step_count=steps[-1].index + 1)
+    recent = [s for s in steps if s.index >= starts[-1] + 500][:30]
+    v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
+    assert v.cause != "worker-restarts", text(v)
+    assert "over whole passes" not in v.headline, v.headline
+
+
 def test_a_loader_whose_starts_cannot_be_told_leaves_the_share_to_the_others() -> None:
     """An evaluation of 4-step passes with two workers (iter() asks for its whole pass at
     once: its start cannot be told from its first batch) after each 20-step training

@@ -25,7 +25,7 @@ import statistics
 import sys
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from gputop_dl.probe.messages import LoaderInfo, LoaderPasses, StepRecord
@@ -33,6 +33,7 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_WARN_ENTER,
     MAX_WINDOW_STEPS,
     PASS_OTHER_STEPS,
+    PASS_START_STALL_STARTS,
     STEP_WINDOW_S,
 )
 
@@ -71,6 +72,12 @@ class PassStarts:
     whole: bool = False  # the steps held end early in a pass: its other steps counted as
     #   many times as a whole pass has them (the figures are over whole passes)
     partial: bool = False  # a loader's passes are not judged: the share is of the others'
+    # All the data wait's share of the time over those steps (over whole passes when
+    # `whole`): what the run loses to waiting, its starts included.
+    wait_share: float = 0.0
+    # No start among the steps held (a pass longer than them): its loader's last starts'
+    # first waits as the probe published them stand for its first steps.
+    recalled: bool = False
 
 
 def _wait(step: StepRecord) -> float:
@@ -98,15 +105,70 @@ def pass_start_costs(
     if not tail:
         return None
     owner = _owners(passes)
+    lengths = _lengths(owner, known)
     listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
-        return None
+        return _recalled(tail, passes, owner, lengths, known)
     judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
-    loaders = {which: _Loader(lengths=lengths) for which, lengths in _lengths(owner, known).items()}
+    loaders = {which: _Loader(lengths=each) for which, each in lengths.items()}
     for step in judged:
         start = listed[bisect_right(listed, step.index) - 1]
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
+    return _judged(loaders, passes, judged)
+
+
+def _recalled(
+    tail: Sequence[StepRecord],
+    passes: Sequence[LoaderPasses],
+    owner: dict[int, int],
+    lengths: dict[int, list[int]],
+    known: int,
+) -> PassStarts | None:
+    """The steps held are all of one pass begun before them (a pass longer than a
+    window): its loader's last starts (up to PASS_START_STALL_STARTS whose first waits the
+    probe published) stand for its first steps, each a step of their median wait and the
+    held steps' mean compute; the held steps for the rest of a whole pass. Without this, a
+    long pass's costly start was judged only while its first steps were held: the
+    verdict changed in the middle of every pass (a review, 5 s starts of 1,000-step
+    passes: "83 % of the data wait" for 4 s of each, nothing for the other 9)."""
+    before = [i for i in owner if i < tail[0].index]
+    if not before:
+        return None
+    which = owner[max(before)]
+    if not lengths.get(which):
+        return None  # no whole pass of it yet: its length is not known
+    others = [s for s in tail if s.index < known and s.wait_s is not None]
+    if not others:
+        return None
+    listed = passes[which]
+    if len(listed.waits) != len(listed.starts):
+        return None
+    waits = [
+        (start, wait)
+        for start, wait in zip(listed.starts, listed.waits, strict=True)
+        if wait is not None and start < tail[0].index
+    ][-PASS_START_STALL_STARTS:]
+    if not waits:
+        return None
+    # Each at the median: one abnormal start (a cold first epoch) must not weigh on
+    # every pass after it.
+    wait = statistics.median(w for _, w in waits)
+    compute = statistics.fmean(s.period_s - _wait(s) for s in others)
+    counts = [s.samples for s in others]
+    samples = None if None in counts else round(statistics.median(c or 0 for c in counts))
+    firsts = [
+        StepRecord(start, others[0].end_time, wait + compute, wait, samples) for start, _ in waits
+    ]
+    group = _Loader(firsts, others, lengths[which])
+    starts = _judged({which: group}, passes, [*firsts, *others])
+    return replace(starts, recalled=True) if starts is not None else None
+
+
+def _judged(
+    loaders: dict[int, _Loader], passes: Sequence[LoaderPasses], judged: Sequence[StepRecord]
+) -> PassStarts | None:
+    """The loaders' starts judged on their first and other steps (pass_start_costs)."""
     per_sample = all(s.samples is not None for s in judged)
     span = done = 0.0
     waited: dict[int, float] = {}  # each loader's passes' data wait
@@ -163,6 +225,7 @@ def pass_start_costs(
         per_sample=per_sample,
         whole=scaled,
         partial=len(costs) < sum(1 for group in loaders.values() if group.firsts),
+        wait_share=sum(waited.values()) / span,
     )
 
 
