@@ -126,6 +126,9 @@ class Verdict:
     conditions: tuple[str, ...] = ()  # "kind" or "kind/cause" of every condition that held,
     #   primary first; analyze(previous=...) reads it to apply exit thresholds
     wait_share: float | None = None  # data wait / step time over the window (0..1)
+    # The share the headline judged over passes instead (the starts of passes are most of
+    # the wait): the data wait's, or the device's idle time's, over the passes judged.
+    passes_share: float | None = None
     samples_per_s: float | None = None  # samples over the window / its time
     steps_per_s: float | None = None
     since: float | None = None  # set by VerdictTracker: when the shown kind/cause began
@@ -707,34 +710,58 @@ def _throughput(ctx: _Ctx) -> _Candidate:
     share = stats.lost_share
     if share is None:
         return _unknown_wait(ctx)
-    over_passes = _over_whole_passes(ctx)
-    if over_passes is not None:
-        share = over_passes
+    over = _over_passes(ctx)
+    if over is not None:
+        share = over.share
     kind, severity = _band(share, ctx.previous)  # share is known here
     if kind == "input-bound":
-        return _input_bound(ctx, share, severity, over_passes is not None)
-    return _compute_bound(ctx, share)
+        return _input_bound(ctx, share, severity, over)
+    return _compute_bound(ctx, share, over)
 
 
-def _over_whole_passes(ctx: _Ctx) -> float | None:
-    """The data wait's share over whole passes, when the starts of passes are most of
-    the wait and the steps held are fewer than a pass: a window over part of a pass
-    weighs its start as if the pass were that short (one just after a start) or not at
-    all (the rest of the pass, or a start left out as an outlier), and the headline
-    swung with it (33 % over whole passes read "8 %"; passes of 3 s with 3 s starts
-    read 83 % and 64 % in turn). None otherwise, where the whole passes are not input-
-    bound, and where the share judged is the device's idle time."""
+@dataclass(frozen=True)
+class _OverPasses:
+    """The share judged over the passes whose starts are judged, not over the window."""
+
+    share: float  # the data wait's (or the device's idle time's) share of their time
+    words: str  # over what: "over whole passes", "over the last 3 passes"
+    passes: int  # starts judged
+
+
+def _over_passes(ctx: _Ctx) -> _OverPasses | None:
+    """The share over the passes judged when their starts are most of the wait: a window
+    of a few seconds over part of a pass weighs its start as if the pass were that short
+    (a window just after a start), or not at all (the rest of the pass, or the start left
+    out as an outlier), and the headline swung with it: 5 s starts of 1,000-step passes
+    (33 % over whole passes) read "8 %" with the cause named only in the 4 s after each
+    start; passes of 3 s with 3 s starts read 83 % and 64 % in turn; a 0.4 s start of 50 s
+    passes (0.9 %) read "moderately input-bound, 13 %" for 8 s of each. The device's idle
+    time where that is what the window judges."""
     passes = ctx.passes
-    if passes is None or not passes.whole or ctx.stats.idle_share is not None:
+    if passes is None or passes.share < PASS_START_SHARE:
+        return None  # the starts are not what the run waits for
+    if not passes.cycle:
+        return None  # one loader's passes of several taking turns: not the run's share
+    share = passes.wait_share if ctx.stats.idle_share is None else passes.idle_share
+    if share is None:
         return None
-    if passes.share < PASS_START_SHARE:  # the starts are not what the run waits for
-        return None
-    if _band(passes.wait_share, ctx.previous)[0] != "input-bound":
-        return None
-    return passes.wait_share
+    if passes.whole:
+        words = "over whole passes"
+    else:
+        words = (
+            "over the last pass" if passes.passes == 1 else f"over the last {passes.passes} passes"
+        )
+    return _OverPasses(share, words, passes.passes)
 
 
-def _input_bound(ctx: _Ctx, share: float, severity: str, over_passes: bool = False) -> _Candidate:
+def _passes_confidence(over: _OverPasses) -> float:
+    """How far the starts judged vouch for a share over passes: one 0.6, three or more 1."""
+    return min(1.0, 0.4 + 0.2 * over.passes)
+
+
+def _input_bound(
+    ctx: _Ctx, share: float, severity: str, over: _OverPasses | None = None
+) -> _Candidate:
     stats = ctx.stats
     prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
     hello = ctx.window.hello
@@ -744,12 +771,17 @@ def _input_bound(ctx: _Ctx, share: float, severity: str, over_passes: bool = Fal
     )
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
-    confidence = _share_confidence(ctx, lambda s: s >= exit_at) * _margin(share, threshold, 0.10)
+    agreed = (
+        _passes_confidence(over)
+        if over is not None
+        else _share_confidence(ctx, lambda s: s >= exit_at)
+    )
+    confidence = agreed * _margin(share, threshold, 0.10)
     if cause.name != "unknown":
         confidence *= cause.confidence
     label = "Input-bound" if severity == "warning" else "Moderately input-bound"
     what = _lost_label(stats)
-    of = "the time over whole passes" if over_passes else "step"
+    of = f"the time {over.words}" if over is not None else "step"
     waits = _wait_lines(stats, workers_of(ctx.loader, ctx.host), ctx.passes)
     verdict = Verdict(
         "input-bound",
@@ -762,6 +794,7 @@ def _input_bound(ctx: _Ctx, share: float, severity: str, over_passes: bool = Fal
         headroom=_input_headroom(stats, cause, share),
         conditions=(f"input-bound/{cause.name}",),
         lead=len(waits) + 1 if cause.evidence else 0,
+        passes_share=over.share if over is not None else None,
     )
     return _Candidate(verdict, 0 if severity == "warning" else 4, share)
 
@@ -803,7 +836,7 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
     )
 
 
-def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
+def _compute_bound(ctx: _Ctx, share: float, over: _OverPasses | None = None) -> _Candidate:
     stats = ctx.stats
     timed = _has_device_timing(stats)
     evidence = [*_wait_lines(stats, workers_of(ctx.loader, ctx.host)), _throughput_line(stats)]
@@ -843,14 +876,20 @@ def _compute_bound(ctx: _Ctx, share: float) -> _Candidate:
         "compute-bound",
         "ok",
         round(
-            _share_confidence(ctx, lambda s: s < INPUT_INFO_ENTER)
+            (
+                _passes_confidence(over)
+                if over is not None
+                else _share_confidence(ctx, lambda s: s < INPUT_INFO_ENTER)
+            )
             * _margin(share, INPUT_INFO_ENTER, 0.05),
             2,
         ),
-        f"Compute-bound: {where} limits throughput ({_lost_label(stats)} {fmt.pct(share)})",
+        f"Compute-bound: {where} limits throughput ({_lost_label(stats)} {fmt.pct(share)}"
+        f"{' ' + over.words if over is not None else ''})",
         evidence=tuple(dict.fromkeys(evidence)),
         advice=tuple(dict.fromkeys(advice)),
         conditions=("compute-bound",),
+        passes_share=over.share if over is not None else None,
     )
     return _Candidate(verdict, 5, 0.0)
 
