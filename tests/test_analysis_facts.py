@@ -686,26 +686,42 @@ def with_starts(h: Hello, starts: Sequence[int], steps: Sequence[StepRecord] = (
 
 
 def epochs(
-    passes: int, steps_each: int, start_wait: float, period: float = 0.05
+    passes: int,
+    steps_each: int | Sequence[int],
+    start_wait: float,
+    period: float = 0.05,
+    other_wait: float = 0.001,
 ) -> tuple[list[StepRecord], tuple[int, ...]]:
-    """``passes`` epochs of ``steps_each`` steps: each one's first step waits
-    ``start_wait`` for its loader to start, the others 1 ms; and the passes' first indices."""
-    steps = []
-    starts = []
-    end = T0
-    index = PAST_PREFETCH
-    for _ in range(passes):
-        starts.append(index)
-        for i in range(steps_each):
-            wait = start_wait if i == 0 else 0.001
+    """``passes`` epochs of ``steps_each`` steps (or each its own count): each one's first
+    step waits ``start_wait`` for its loader to start, the others ``other_wait``; and the
+    passes' first indices."""
+    counts = [steps_each] * passes if isinstance(steps_each, int) else list(steps_each)
+    steps, starts = turns(counts, [start_wait] * passes, period, other_wait, 32)
+    return steps, starts[0]
+
+
+def turns(
+    counts: Sequence[int],
+    first_waits: Sequence[float],
+    period: float,
+    other_wait: float,
+    samples: int,
+    loaders: int = 1,
+) -> tuple[list[StepRecord], list[tuple[int, ...]]]:
+    """Passes of ``counts`` steps in turn over ``loaders`` loaders (the i-th pass is
+    loader i mod ``loaders``'s), each pass's first step waiting its ``first_waits``,
+    the others ``other_wait``; and each loader's passes' first indices."""
+    steps: list[StepRecord] = []
+    starts: list[list[int]] = [[] for _ in range(loaders)]
+    end, index = T0, PAST_PREFETCH
+    for n, (count, first) in enumerate(zip(counts, first_waits, strict=True)):
+        starts[n % loaders].append(index)
+        for i in range(count):
+            wait = first if i == 0 else other_wait
             end += period + wait
-            steps.append(
-                StepRecord(
-                    index=index, end_time=end, period_s=period + wait, wait_s=wait, samples=32
-                )
-            )
+            steps.append(StepRecord(index, end, period + wait, wait, samples))
             index += 1
-    return steps, tuple(starts)
+    return steps, [tuple(each) for each in starts]
 
 
 PASS_CASES = {
@@ -874,16 +890,10 @@ def train_and_evaluate(
     """Epochs of 20 training steps (the first waits ``train_start``), each followed by an
     evaluation of 8 steps (the first waits ``val_start``); the others wait 1 ms, 20 ms
     steps. And each loop's pass starts."""
-    steps, train, val, end, index = [], [], [], T0, PAST_PREFETCH
-    for _ in range(epochs_run):
-        for starts, n, first in ((train, 20, train_start), (val, val_steps, val_start)):
-            starts.append(index)
-            for i in range(n):
-                wait = first if i == 0 else 0.001
-                end += 0.02 + wait
-                steps.append(StepRecord(index, end, 0.02 + wait, wait, 8))
-                index += 1
-    return steps, tuple(train), tuple(val)
+    steps, (train, val) = turns(
+        [20, val_steps] * epochs_run, [train_start, val_start] * epochs_run, 0.02, 0.001, 8, 2
+    )
+    return steps, train, val
 
 
 TRAIN = LoaderInfo(
@@ -1075,16 +1085,10 @@ def cycles(
 ) -> tuple[list[StepRecord], tuple[int, ...], tuple[int, ...]]:
     """``n`` cycles of a training pass and an evaluation pass, 12 ms steps waiting 1 ms but
     each pass's first, which waits its loader's start."""
-    steps, train, val, end, index = [], [], [], T0, PAST_PREFETCH
-    for _ in range(n):
-        for starts, count, first in ((train, train_steps, train_wait), (val, val_steps, val_wait)):
-            starts.append(index)
-            for i in range(count):
-                wait = first if i == 0 else 0.001
-                end += 0.012 + wait
-                steps.append(StepRecord(index, end, 0.012 + wait, wait, 32))
-                index += 1
-    return steps, tuple(train), tuple(val)
+    steps, (train, val) = turns(
+        [train_steps, val_steps] * n, [train_wait, val_wait] * n, 0.012, 0.001, 32, 2
+    )
+    return steps, train, val
 
 
 @pytest.mark.parametrize(
@@ -1128,15 +1132,7 @@ def test_the_first_whole_pass_after_a_resumed_one_has_no_known_length() -> None:
     ones 1,000, each after a 5 s start. In the middle of the second pass its length is
     not known (the first is shorter than what it ran so far): it read "65 % of the time
     over whole passes (230 steps)" for 33 %."""
-    steps, starts = [], []
-    end, index = T0, PAST_PREFETCH
-    for count in (100, 1000, 1000):
-        starts.append(index)
-        for i in range(count):
-            wait = 5.0 if i == 0 else 0.001
-            end += 0.012 + wait
-            steps.append(StepRecord(index, end, 0.012 + wait, wait, 32))
-            index += 1
+    steps, starts = epochs(3, (100, 1000, 1000), 5.0, period=0.012)
     info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
     h = replace(
         hello(2, persistent=False),
@@ -1176,15 +1172,7 @@ def test_a_cheap_start_of_long_passes_does_not_make_its_windows_input_bound(afte
     """0.4 s worker starts before 1,000 steps of 50 ms (0.9 % of the time): the window
     that held a start read "moderately input-bound, 13 %: the workers start again at
     every pass" for 8 s of every 50 s pass. Over whole passes it is compute-bound."""
-    steps, starts = [], []
-    end, index = T0, PAST_PREFETCH
-    for _ in range(4):
-        starts.append(index)
-        for i in range(1000):
-            wait = 0.4 if i == 0 else 0.00005
-            end += 0.05 + wait
-            steps.append(StepRecord(index, end, 0.05 + wait, wait, 32))
-            index += 1
+    steps, starts = epochs(4, 1000, 0.4, period=0.05, other_wait=0.00005)
     info = LoaderInfo("torch.DataLoader", num_workers=2, persistent_workers=False)
     h = replace(
         hello(2, persistent=False),
