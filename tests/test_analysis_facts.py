@@ -1100,7 +1100,9 @@ def test_one_loaders_passes_are_not_the_runs_share_where_loaders_take_turns(wher
     (workers forked again, 5 s) take turns: a cycle loses 42 % to waiting. A window over
     one loader's passes judged them alone "over whole passes": 33 % in the training's,
     60 % in the evaluation's. The headline keeps the window's share there (the cycle's
-    steps are not held); its cause, with the loader judged, stays."""
+    steps are not held); its cause, with the loader judged, stays, and a headroom from
+    that loader's passes says whose they are (it read "+81 % (over whole passes)" in an
+    evaluation's window of a run whose cycle would gain 45 %)."""
     steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
     first = {
         "in the training pass": train[3] + 500,
@@ -1125,6 +1127,8 @@ def test_one_loaders_passes_are_not_the_runs_share_where_loaders_take_turns(wher
     v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
     assert "over whole passes" not in v.headline and "over the last" not in v.headline, text(v)
     assert v.passes_share is None, v
+    if "without those waits" in (v.headroom or ""):  # one loader's passes: said so
+        assert "-step passes alone: " in (v.headroom or ""), v.headroom
 
 
 def test_the_first_whole_pass_after_a_resumed_one_has_no_known_length() -> None:

@@ -207,7 +207,11 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
         # Over the steps the starts were judged on (the window may hold more starts, or
         # fewer, than they do on average): its rate and its rate without those waits.
         unit = "samples/s" if starts.per_sample else "steps/s"
-        if starts.whole:  # scaled to whole passes the window does not hold
+        lengths = {each.pass_steps for each in starts.loaders}
+        if not starts.cycle and len(lengths) == 1 and None not in lengths:
+            # One loader's passes of several taking turns: not the run's rate.
+            over = f"over the {lengths.pop():,}-step passes alone"
+        elif starts.whole:  # scaled to whole passes the window does not hold
             over = "over whole passes"
         else:
             over = (
