@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from itertools import chain
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gputop_dl.probe import loader
@@ -35,6 +36,8 @@ Samples = int | Callable[[Any], int] | None
 # in the loop's locals. probe.step(samples) replaces it with a tuple carrying the count.
 OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
+# Loop.how for a pass a second thread took part in: the rest of it is not timed.
+SHARED_HOW = "marked:a second thread iterates the pass: the rest of it is not timed"
 
 _pytree_registered = False
 _warned: set[str] = set()
@@ -51,8 +54,9 @@ class _Pass(chain[T]):
     code that stops a loader's iterator early calls (torchdata's resume, ``closing()``).
     """
 
-    __slots__ = ("stretches",)
+    __slots__ = ("stretches", "turns")
     stretches: Generator[Iterable[T], None, None]
+    turns: _Turns  # holds what a thread may be inside while the pass is held
 
     def close(self) -> None:
         """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
@@ -62,6 +66,61 @@ class _Pass(chain[T]):
         # chain's own would copy (copy.copy) or pickle a pass that shares this one's
         # loader iterator and state; a generator refuses, and so does this.
         raise TypeError(f"cannot pickle or copy a pass over {type(self).__name__!r}")
+
+
+class _Turns:
+    """Who iterates a pass. The chain asks for each stretch through :func:`_next_stretch`,
+    one thread at a time. A second thread in one pass (a loader iterated by two threads,
+    which a thread-safe iterator allows) made the chain free the C stretch the first
+    thread was still fetching in (a segmentation fault), or end the pass early for both
+    (a generator "already executing"). From its first call on, the chain gets the
+    loader's own iterator for the rest of the pass, untimed, and every object a thread
+    may be inside is kept until the pass is let go of."""
+
+    __slots__ = ("current", "ended", "iterator", "kept", "lock", "owner", "rest")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # re-entered by a loader that iterates its own pass
+        self.owner: int | None = None  # the thread that iterates the pass
+        self.iterator: Any = None  # the loader's iterator, once iter() made it
+        self.current: Any = None  # the C-timed stretch the chain iterates, while it does
+        self.rest: Any = None  # the loader's iterator for every thread, once shared
+        self.ended = False  # ... and it ran out
+        self.kept: tuple[Any, ...] = ()
+
+
+def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
+    """The pass's next stretch for the chain: the timed ones while one thread iterates it;
+    from a second thread on, the loader's own iterator until it runs out."""
+    with turns.lock:
+        me = threading.get_ident()
+        if turns.owner is None:
+            turns.owner = me
+        if me == turns.owner and turns.rest is None:
+            return next(stretches)
+        if turns.rest is None:
+            if turns.iterator is None:
+                raise StopIteration  # iter() failed in the other thread
+            # Ends with a mark: the chain asks again for every thread that finds it out.
+            turns.rest = chain(turns.iterator, map(_ran_out, repeat(turns, 1)))
+            # The other thread may be inside the stretch the chain just let go of, or in
+            # the loader's iterator: none of them is freed while the pass is held.
+            turns.kept = (turns.current, turns.iterator, turns.rest)
+            stretches.close()  # its steps so far published; the loop marked as left
+            _warn_once(
+                "shared",
+                "gputop probe: a second thread iterates a watched pass; the rest of that "
+                "pass is iterated as the loader's own iterator, not timed",
+            )
+        if turns.ended:
+            raise StopIteration
+        return cast("Iterable[T]", turns.rest)
+
+
+def _ran_out(turns: _Turns) -> Any:
+    """The end of a shared pass's loader iterator: the pass is over for every thread."""
+    turns.ended = True
+    raise StopIteration
 
 
 class Watched(Generic[T]):
@@ -129,12 +188,15 @@ class Watched(Generic[T]):
         # reach the training with no Python frame between (a generator that passed them
         # on with `yield from` cost the training thread 0.15-0.24 us a step more at
         # ~100 us steps: bench/probe_overhead.py, docs/measurements.md).
-        stretches = self._stretches()
-        timed = cast("_Pass[T]", _Pass.from_iterable(stretches))  # typeshed: a chain
+        turns = _Turns()
+        stretches = self._stretches(turns)
+        each = map(_next_stretch, repeat(turns), repeat(stretches))
+        timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
+        timed.turns = turns
         return timed
 
-    def _stretches(self) -> Generator[Iterable[T], None, None]:
+    def _stretches(self, turns: _Turns) -> Generator[Iterable[T], None, None]:
         """One pass, as stretches of batches for ``chain``: each Python-timed step (a
         pass's first, or every one while CUDA events time the device) a stretch of one
         batch, then C-timed segments (probe/stamps.py) while this loop is alone. The
@@ -170,6 +232,7 @@ class Watched(Generic[T]):
             if early:
                 probe._loop_left(f"exception:{type(exc).__name__}")
             raise
+        turns.iterator = iterator
         try:
             info = self._pass_info(iterator)
             if early:
@@ -266,9 +329,11 @@ class Watched(Generic[T]):
                     segment = Segment(probe._index, position, settled_plan)
                     probe._begin_segment(segment)
                     if segment.counts is None:  # counts from the plan: the chain is all
-                        yield segment.timed(iterator)
+                        turns.current = segment.timed(iterator)
                     else:
-                        yield self._counted(segment, iterator, raised)
+                        turns.current = self._counted(segment, iterator, raised)
+                    yield turns.current
+                    turns.current = None  # resumed by the thread that finished it
                     position += len(segment.stamps) // 2  # the batches it passed on
                     ended, segment = segment, None
                     in_fetch = probe._end_segment(ended)  # its last fetch did not return
@@ -284,7 +349,9 @@ class Watched(Generic[T]):
             # raised (the training did not ask again). In a C-timed stretch its exception
             # went to the training past this frame: a counting stretch saw its type; a
             # plan's chain only left the fetch begun (an odd count of readings).
-            if raised:
+            if turns.rest is not None:
+                how = SHARED_HOW
+            elif raised:
                 how = raised[0]
             elif segment is not None and segment.in_fetch():
                 how = "exception"
