@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
+from _thread import RLock, get_ident
 from collections.abc import Callable, Generator, Iterable, Iterator
+from functools import partial
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -36,8 +37,9 @@ Samples = int | Callable[[Any], int] | None
 # in the loop's locals. probe.step(samples) replaces it with a tuple carrying the count.
 OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
+END: Any = object()  # _next_stretch: the pass has no more stretches
 # Loop.how for a pass a second thread took part in: the rest of it is not timed.
-SHARED_HOW = "marked:a second thread iterates the pass: the rest of it is not timed"
+SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not timed"
 
 _pytree_registered = False
 _warned: set[str] = set()
@@ -69,57 +71,100 @@ class _Pass(chain[T]):
 
 
 class _Turns:
-    """Who iterates a pass. The chain asks for each stretch through :func:`_next_stretch`,
-    one thread at a time. A second thread in one pass (a loader iterated by two threads,
-    which a thread-safe iterator allows) made the chain free the C stretch the first
-    thread was still fetching in (a segmentation fault), or end the pass early for both
-    (a generator "already executing"). From its first call on, the chain gets the
-    loader's own iterator for the rest of the pass, untimed, and every object a thread
-    may be inside is kept until the pass is let go of."""
+    """Who iterates a pass. The chain asks for each stretch through :func:`_next_stretch`:
+    the thread that iterates the pass (its owner) gets the timed ones. A thread that asks
+    while no other is fetching takes the pass over (one thread after another, as an
+    executor's do); one that asks while another is fetching (a thread-safe loader shared
+    by two threads at once) gets the loader's own iterator for the rest of the pass,
+    untimed, for every thread. Before, a second thread made the chain free the C stretch
+    the first was fetching in (a segmentation fault), or ended the pass early for both.
 
-    __slots__ = ("current", "ended", "iterator", "kept", "lock", "owner", "rest")
+    What a thread may still be inside when the chain lets go of it (a stretch that ended
+    in a fetch, the loader's iterator once shared) is kept while the pass is held."""
+
+    __slots__ = ("current", "ended", "iterator", "kept", "lock", "owner", "rest", "segment")
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()  # re-entered by a loader that iterates its own pass
-        self.owner: int | None = None  # the thread that iterates the pass
-        self.iterator: Any = None  # the loader's iterator, once iter() made it
-        self.current: Any = None  # the C-timed stretch the chain iterates, while it does
-        self.rest: Any = None  # the loader's iterator for every thread, once shared
-        self.ended = False  # ... and it ran out
+        self.lock = RLock()  # held by the owner inside the generator
+        # the thread that iterates the pass; the loader's iterator once iter() made it;
+        # the C-timed stretch the chain iterates, while it does, and its segment; the
+        # loader's iterator for every thread, once shared
+        self.owner: int | None = None
+        self.iterator: Any = None
+        self.current: Any = None
+        self.segment: Segment | None = None
+        self.rest: Any = None
+        self.ended: list[bool] = []  # [True]: the shared iterator ran out
         self.kept: tuple[Any, ...] = ()
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
-    """The pass's next stretch for the chain: the timed ones while one thread iterates it;
-    from a second thread on, the loader's own iterator until it runs out."""
-    with turns.lock:
-        me = threading.get_ident()
-        if turns.owner is None:
-            turns.owner = me
-        if me == turns.owner and turns.rest is None:
-            return next(stretches)
-        if turns.rest is None:
-            if turns.iterator is None:
-                raise StopIteration  # iter() failed in the other thread
-            # Ends with a mark: the chain asks again for every thread that finds it out.
-            turns.rest = chain(turns.iterator, map(_ran_out, repeat(turns, 1)))
-            # The other thread may be inside the stretch the chain just let go of, or in
-            # the loader's iterator: none of them is freed while the pass is held.
-            turns.kept = (turns.current, turns.iterator, turns.rest)
-            stretches.close()  # its steps so far published; the loop marked as left
-            _warn_once(
-                "shared",
-                "gputop probe: a second thread iterates a watched pass; the rest of that "
-                "pass is iterated as the loader's own iterator, not timed",
-            )
-        if turns.ended:
-            raise StopIteration
-        return cast("Iterable[T]", turns.rest)
+    """The pass's next stretch for the chain (see _Turns); END after the last: raising
+    StopIteration through these frames cost a 5-step pass ~20 % more."""
+    if turns.owner == get_ident() and turns.rest is None:
+        return _timed(turns, stretches)
+    return _asked_by_another(turns, stretches)
 
 
-def _ran_out(turns: _Turns) -> Any:
+def _timed(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
+    """The owner's next timed stretch, the lock held while the generator runs."""
+    lock = turns.lock
+    lock.acquire()  # (not `with`: half the cost of entering and leaving it)
+    try:
+        stretch = next(stretches, END)
+    finally:
+        lock.release()
+    if turns.rest is not None:  # shared meanwhile: the generator is done
+        stretches.close()
+    return stretch
+
+
+def _asked_by_another(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
+    """A thread other than the owner asks for the next stretch (or the first ever asks)."""
+    lock = turns.lock
+    if turns.rest is None and lock.acquire(blocking=False):
+        try:
+            if turns.rest is None:
+                segment = turns.segment
+                # Another thread is inside a fetch of the C stretch (this one found no
+                # token at its gate): not a hand-over.
+                fetching = segment is not None and segment.fetch_raised()
+                if turns.owner is None or not fetching:
+                    turns.owner = get_ident()  # the pass taken over
+                    return _timed(turns, stretches)
+                _share(turns)
+                stretches.close()  # its steps so far published; the loop marked as left
+        finally:
+            lock.release()
+    elif turns.rest is None:
+        # The owner is inside the generator (a fetch timed in Python): shared at once,
+        # without waiting for it (a loader whose threads fetch in lockstep waited
+        # forever); the owner closes the generator when its fetch returns.
+        _share(turns)
+    if turns.ended or turns.rest is None:
+        return END  # the shared iterator ran out (or iter() failed)
+    return cast("Iterable[T]", turns.rest)
+
+
+def _share(turns: _Turns) -> None:
+    """The rest of the pass is the loader's own iterator, for every thread, untimed."""
+    if turns.iterator is None:
+        return  # iter() failed in the owner's thread: nothing to share
+    # It ends with a mark: the chain asks again for every thread that finds it out.
+    turns.rest = chain(turns.iterator, map(_ran_out, repeat(turns.ended, 1)))
+    # The other thread may be inside the stretch the chain just let go of, or in the
+    # loader's iterator: none of them is freed while the pass is held.
+    turns.kept += (turns.current, turns.iterator, turns.rest)
+    _warn_once(
+        "shared",
+        "gputop probe: two threads iterate a watched pass at once; the rest of that pass "
+        "is iterated as the loader's own iterator, not timed",
+    )
+
+
+def _ran_out(ended: list[bool]) -> Any:
     """The end of a shared pass's loader iterator: the pass is over for every thread."""
-    turns.ended = True
+    ended.append(True)
     raise StopIteration
 
 
@@ -190,7 +235,7 @@ class Watched(Generic[T]):
         # ~100 us steps: bench/probe_overhead.py, docs/measurements.md).
         turns = _Turns()
         stretches = self._stretches(turns)
-        each = map(_next_stretch, repeat(turns), repeat(stretches))
+        each = iter(partial(_next_stretch, turns, stretches), END)
         timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
         timed.turns = turns
@@ -332,8 +377,11 @@ class Watched(Generic[T]):
                         turns.current = segment.timed(iterator)
                     else:
                         turns.current = self._counted(segment, iterator, raised)
+                    turns.segment = segment
                     yield turns.current
-                    turns.current = None  # resumed by the thread that finished it
+                    if segment.in_fetch():  # another thread may be in it: kept
+                        turns.kept += (turns.current,)
+                    turns.current = turns.segment = None
                     position += len(segment.stamps) // 2  # the batches it passed on
                     ended, segment = segment, None
                     in_fetch = probe._end_segment(ended)  # its last fetch did not return
