@@ -38,6 +38,7 @@ Samples = int | Callable[[Any], int] | None
 OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
 END: Any = object()  # _next_stretch: the pass has no more stretches
+STALE_KEPT = 8  # C stretches kept after they ended in a fetch: threads fetching at once
 # Loop.how for a pass a second thread took part in: the rest of it is not timed.
 SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not timed"
 
@@ -82,7 +83,17 @@ class _Turns:
     What a thread may still be inside when the chain lets go of it (a stretch that ended
     in a fetch, the loader's iterator once shared) is kept while the pass is held."""
 
-    __slots__ = ("current", "ended", "iterator", "kept", "lock", "owner", "rest", "segment")
+    __slots__ = (
+        "current",
+        "ended",
+        "iterator",
+        "kept",
+        "lock",
+        "owner",
+        "rest",
+        "segment",
+        "stale",
+    )
 
     def __init__(self) -> None:
         self.lock = RLock()  # held by the owner inside the generator
@@ -95,7 +106,8 @@ class _Turns:
         self.segment: Segment | None = None
         self.rest: Any = None
         self.ended: list[bool] = []  # [True]: the shared iterator ran out
-        self.kept: tuple[Any, ...] = ()
+        self.kept: tuple[Any, ...] = ()  # what the shared pass's threads may be in
+        self.stale: tuple[Any, ...] = ()  # C stretches that ended in a fetch (STALE_KEPT)
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
@@ -379,8 +391,11 @@ class Watched(Generic[T]):
                         turns.current = self._counted(segment, iterator, raised)
                     turns.segment = segment
                     yield turns.current
-                    if segment.in_fetch():  # another thread may be in it: kept
-                        turns.kept += (turns.current,)
+                    if segment.in_fetch():
+                        # Another thread may be inside it, its fetch under way (or the
+                        # fetch raised: odd for good). One thread is in one at most, the
+                        # newest: the last few are kept (one a raise grew without end).
+                        turns.stale = (*turns.stale[1 - STALE_KEPT :], turns.current)
                     turns.current = turns.segment = None
                     position += len(segment.stamps) // 2  # the batches it passed on
                     ended, segment = segment, None

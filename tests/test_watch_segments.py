@@ -24,6 +24,7 @@ from gputop_dl.probe import core, stamps
 from gputop_dl.probe.loader import infer_samples
 from gputop_dl.probe.protocol import HostRow
 from gputop_dl.probe.stamps import Segment
+from gputop_dl.probe.watch import STALE_KEPT
 from tests.test_probe import BATCHES, attached, tcp_probe
 from tests.wire_reader import WireReader
 
@@ -327,6 +328,34 @@ def test_a_skipped_loader_error_holds_nothing_after_the_loop(p: probe.Probe) -> 
         assert cursor() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("samples", [4, None], ids=["plan", "counted"])
+def test_skipped_loader_errors_keep_a_bounded_number_of_stretches(
+    p: probe.Probe, samples: int | None
+) -> None:
+    """A C-timed stretch that ended in a fetch is kept while the pass is held (another
+    thread may be inside it: tests/test_watch_threads.py); a fetch that raised leaves it
+    so for good, and a loader that raises every 20th batch grew the pass by one stretch
+    (its readings with it) each time. The last few are kept."""
+    bad = set(range(15, 2000, 20))
+    SkippingLoader.FETCH_S, fetch = 0.0, SkippingLoader.FETCH_S
+    try:
+        loader = SkippingLoader(2000, bad)
+        it = iter(p.watch(loader, samples=samples))
+        got, errors = [], 0
+        while True:
+            try:
+                got.append(int(next(it)[0, 0]))
+            except StopIteration:
+                break
+            except KeyError:
+                errors += 1
+                assert len(it.turns.stale) <= STALE_KEPT  # type: ignore[attr-defined]
+        assert errors == len(bad) and len(got) == 2000 - len(bad)
+        assert 1 <= len(it.turns.stale) <= STALE_KEPT  # type: ignore[attr-defined]
+    finally:
+        SkippingLoader.FETCH_S = fetch
 
 
 def test_a_skipped_bad_sample_keeps_the_plans_last_count(p: probe.Probe) -> None:
