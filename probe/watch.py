@@ -16,7 +16,6 @@ import sys
 import time
 from _thread import RLock, get_ident
 from collections.abc import Callable, Generator, Iterable, Iterator
-from functools import partial
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -37,7 +36,6 @@ Samples = int | Callable[[Any], int] | None
 # in the loop's locals. probe.step(samples) replaces it with a tuple carrying the count.
 OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
-END: Any = object()  # _next_stretch: the pass has no more stretches
 STALE_KEPT = 8  # C stretches kept after they ended in a fetch: threads fetching at once
 # Loop.how for a pass a second thread took part in: the rest of it is not timed.
 SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not timed"
@@ -111,8 +109,9 @@ class _Turns:
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
-    """The pass's next stretch for the chain (see _Turns); END after the last: raising
-    StopIteration through these frames cost a 5-step pass ~20 % more."""
+    """The pass's next stretch for the chain (see _Turns); StopIteration after the last.
+    (Not ``iter(callable, sentinel)``, which ends by clearing its sentinel: a thread
+    still inside the call then compares its result with NULL, a crash.)"""
     if turns.owner == get_ident() and turns.rest is None:
         return _timed(turns, stretches)
     return _asked_by_another(turns, stretches)
@@ -123,7 +122,7 @@ def _timed(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iter
     lock = turns.lock
     lock.acquire()  # (not `with`: half the cost of entering and leaving it)
     try:
-        stretch = next(stretches, END)
+        stretch = next(stretches)  # StopIteration: the pass is over
     finally:
         lock.release()
     if turns.rest is not None:  # shared meanwhile: the generator is done
@@ -154,7 +153,7 @@ def _asked_by_another(turns: _Turns, stretches: Generator[Iterable[T], None, Non
         # forever); the owner closes the generator when its fetch returns.
         _share(turns)
     if turns.ended or turns.rest is None:
-        return END  # the shared iterator ran out (or iter() failed)
+        raise StopIteration  # the shared iterator ran out (or iter() failed)
     return cast("Iterable[T]", turns.rest)
 
 
@@ -247,7 +246,7 @@ class Watched(Generic[T]):
         # ~100 us steps: bench/probe_overhead.py, docs/measurements.md).
         turns = _Turns()
         stretches = self._stretches(turns)
-        each = iter(partial(_next_stretch, turns, stretches), END)
+        each = map(_next_stretch, repeat(turns), repeat(stretches))
         timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
         timed.turns = turns
