@@ -211,14 +211,8 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
         if not starts.cycle and len(lengths) == 1 and None not in lengths:
             # One loader's passes of several taking turns: not the run's rate.
             over = f"over the {lengths.pop():,}-step passes alone"
-        elif starts.whole:  # scaled to whole passes the window does not hold
-            over = "over whole passes"
         else:
-            over = (
-                "over the last pass"
-                if starts.passes == 1
-                else f"over the last {starts.passes} passes"
-            )
+            over = _over_what(starts)
         return (
             f"without those waits: at most ≈ {fmt.num(starts.ceiling)} {unit}, "
             f"{_gain(starts.rate, starts.ceiling)} ({over}: {fmt.num(starts.rate)} {unit})"
@@ -749,13 +743,15 @@ def _over_passes(ctx: _Ctx) -> _OverPasses | None:
     share = passes.wait_share if ctx.stats.idle_share is None else passes.idle_share
     if share is None:
         return None
+    return _OverPasses(share, _over_what(passes), passes.passes)
+
+
+def _over_what(passes: PassStarts) -> str:
+    """Over which passes their figures are: whole ones (scaled to passes the window does
+    not hold whole), or the last ones judged."""
     if passes.whole:
-        words = "over whole passes"
-    else:
-        words = (
-            "over the last pass" if passes.passes == 1 else f"over the last {passes.passes} passes"
-        )
-    return _OverPasses(share, words, passes.passes)
+        return "over whole passes"
+    return "over the last pass" if passes.passes == 1 else f"over the last {passes.passes} passes"
 
 
 def _passes_confidence(over: _OverPasses) -> float:
