@@ -1091,46 +1091,6 @@ def cycles(
     return steps, train, val
 
 
-@pytest.mark.parametrize(
-    "where",
-    ["in the training pass", "at the evaluation's start", "in the evaluation", "after it"],
-)
-def test_one_loaders_passes_are_not_the_runs_share_where_loaders_take_turns(where: str) -> None:
-    """A 1,000-step training pass (workers kept, 5 s start) and a 300-step evaluation
-    (workers forked again, 5 s) take turns: a cycle loses 42 % to waiting. A window over
-    one loader's passes judged them alone "over whole passes": 33 % in the training's,
-    60 % in the evaluation's. The headline keeps the window's share there (the cycle's
-    steps are not held); its cause, with the loader judged, stays, and a headroom from
-    that loader's passes says whose they are (it read "+81 % (over whole passes)" in an
-    evaluation's window of a run whose cycle would gain 45 %)."""
-    steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
-    first = {
-        "in the training pass": train[3] + 500,
-        "at the evaluation's start": val[3] - 100,
-        "in the evaluation": val[3] + 150,
-        "after it": train[4] + 50,
-    }[where]
-    known = first + 250
-    listed = []
-    for info, starts in (
-        (replace(VAL, persistent_workers=False), val),
-        (replace(TRAIN, persistent_workers=True), train),
-    ):
-        kept = tuple(i for i in starts if i < known)
-        listed.append(LoaderPasses(info, kept, (5.0,) * len(kept)))
-    current = max(listed, key=lambda p: p.starts[-1])
-    h = replace(
-        hello(2, persistent=False), passes=(*[p for p in listed if p is not current], current)
-    )
-    h = replace(h, step_count=known)
-    recent = [s for s in steps if s.index >= first][:250]
-    v = analyze(window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2)))
-    assert "over whole passes" not in v.headline and "over the last" not in v.headline, text(v)
-    assert v.passes_share is None, v
-    if "without those waits" in (v.headroom or ""):  # one loader's passes: said so
-        assert "-step passes alone: " in (v.headroom or ""), v.headroom
-
-
 def test_the_first_whole_pass_after_a_resumed_one_has_no_known_length() -> None:
     """A run resumed in the middle of an epoch: its first pass ran 100 steps, the next
     ones 1,000, each after a 5 s start. In the middle of the second pass its length is

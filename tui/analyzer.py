@@ -109,6 +109,9 @@ class Window:
     stack: Stack | None = None  # the newest stack the probe took in a stall
     ptrace: Ptrace | None = None  # could py-spy attach to the run from here (None: unknown)
     run_from: float | None = None  # the run's first step started (host samples before: start-up)
+    # Whole passes of loaders taking turns that the viewer kept (passes.kept_steps), the
+    # newest of each loader: the rest of a cycle whose other passes the steps do not hold.
+    whole_passes: tuple[tuple[StepRecord, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1236,7 +1239,8 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     """The verdict for ``window``. ``previous`` is the verdict shown now (hysteresis: a
     condition it holds is left only below its exit threshold)."""
     hello = window.hello
-    steps = usable_steps(window.steps, prefetched_steps(hello.loader if hello else None))
+    skip = prefetched_steps(hello.loader if hello else None)
+    steps = usable_steps(window.steps, skip)
     special = _outside(window) or _stalled(window, steps)
     if special is not None:
         return special
@@ -1261,7 +1265,14 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
         own_device=own,
         device_note=note,
         passes=(
-            pass_start_costs(steps, hello.passes, hello.step_count) if hello is not None else None
+            pass_start_costs(
+                steps,
+                hello.passes,
+                hello.step_count,
+                [usable_steps(whole, skip) for whole in window.whole_passes],
+            )
+            if hello is not None
+            else None
         ),
     )
     main = _throughput(ctx)

@@ -403,7 +403,8 @@ def _pass_lines(passes: PassStarts) -> list[str]:
     def waited(starts: LoaderStarts) -> str:
         n = starts.passes
         anyway = f"a batch takes {fmt.dur(starts.batch_wait_s)} anyway"
-        if passes.recalled:  # the probe's waits of passes begun before the steps held
+        if starts.recalled:  # the probe's waits of passes begun before the steps held
+            n = starts.recalled
             which = "the last pass" if n == 1 else f"the median of the last {n} passes"
             return f"waited {fmt.dur(starts.first_wait_s)} ({which}; {anyway})"
         which = "the last pass" if n == 1 else f"the last {n} passes"

@@ -53,6 +53,10 @@ class LoaderStarts:
     share: float  # its starts' waits beyond the reference / all the data wait judged
     pass_steps: int | None  # steps a pass of it runs (the median of whole ones); None: none
     rebuilt: bool = False  # its last pass ran over a new loader object (the probe's fact)
+    # Its first steps are not among the steps held (a pass longer than them): the median
+    # of this many of its last starts' first waits, as the probe published them, stands
+    # for one. 0: measured steps.
+    recalled: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,6 @@ class PassStarts:
     # `whole`): what the run loses to waiting, its starts included.
     wait_share: float = 0.0
     idle_share: float | None = None  # the device's idle time's share the same way (timed)
-    # No start among the steps held (a pass longer than them): its loader's last starts'
-    # first waits as the probe published them stand for its first steps.
-    recalled: bool = False
     # Every loader whose passes take turns with the current one's is judged: the figures
     # are over a cycle of the run's passes, not one loader's (an evaluation's passes
     # alone read 50 % for a cycle that loses 37 %).
@@ -95,42 +96,79 @@ class _Loader:
     firsts: list[StepRecord] = field(default_factory=list)
     others: list[StepRecord] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # its whole passes' steps
+    recalled: int = 0  # LoaderStarts.recalled
 
 
 def pass_start_costs(
-    steps: Sequence[StepRecord], passes: Sequence[LoaderPasses], known: int
+    steps: Sequence[StepRecord],
+    passes: Sequence[LoaderPasses],
+    known: int,
+    before: Sequence[Sequence[StepRecord]] = (),
 ) -> PassStarts | None:
     """``steps``: usable steps, oldest first; ``passes``: the hello's; ``known``: its
     ``step_count`` (a start after it is not listed yet: the steps from there on are left
-    out, or they would count a start as any other wait). None without starts among the
-    steps, or without a loader whose starts can be told apart from its first batches
-    (enough other steps to tell what a batch waits anyway, passes longer than what
-    ``iter()`` asks for at once)."""
+    out, or they would count a start as any other wait); ``before``: whole passes the
+    viewer kept of loaders taking turns (:func:`passes_to_keep`), for a cycle whose
+    other passes the steps do not hold. None without starts among the steps, or without
+    a loader whose starts can be told apart from its first batches (enough other steps
+    to tell what a batch waits anyway, passes longer than what ``iter()`` asks for at
+    once)."""
     tail = steps[-MAX_WINDOW_STEPS:]
     if not tail:
         return None
     owner = _owners(passes)
     lengths = _lengths(owner, known)
+    kept = {whole[0].index: whole for whole in before if whole}
     listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
-        return _recalled(tail, passes, owner, lengths, known)
+        return _recalled(tail, passes, owner, lengths, known, kept)
     judged = [s for s in tail if listed[0] <= s.index < known and s.wait_s is not None]
     loaders = {which: _Loader(lengths=each) for which, each in lengths.items()}
     for step in judged:
         start = listed[bisect_right(listed, step.index) - 1]
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
+    # A cycle of passes is held when every loader whose pass ran since the current
+    # loader's previous pass began has a start among the steps judged; the passes of
+    # those that have none, where the viewer kept them whole, complete it.
+    current = listed[-1]
+    held = {which for which, group in loaders.items() if group.firsts}
+    cycle = _cycle(owner, current, kept, held)
+    if cycle is not None:
+        for which, group in cycle.items():
+            joined = loaders.setdefault(which, _Loader())
+            joined.firsts += group.firsts
+            joined.others += group.others
+            judged += [*group.firsts, *group.others]
     starts = _judged(loaders, passes, judged)
     if starts is None:
         return None
-    # A cycle of passes is held when every loader whose pass ran since the current
-    # loader's previous pass began has a start among the steps judged.
-    current = listed[-1]
+    return replace(starts, cycle=cycle is not None)
+
+
+def _cycle(
+    owner: dict[int, int], current: int, kept: dict[int, Sequence[StepRecord]], held: set[int]
+) -> dict[int, _Loader] | None:
+    """The passes of the loaders not in ``held`` that ran since the previous pass of
+    ``current``'s loader began, up to ``current``, from the whole passes the viewer
+    kept: a cycle of the run's passes with the held ones. None where one is not kept."""
     which = owner[current]
-    since = max((i for i in owner if i < current and owner[i] == which), default=current)
-    ran = {owner[i] for i in owner if since < i <= current}
-    held = {which for which, group in loaders.items() if group.firsts}
-    return replace(starts, cycle=ran <= held)
+    since = max((i for i in owner if i < current and owner[i] == which), default=None)
+    if since is None:
+        # Its first pass: a cycle is not known yet where another loader's pass ran before
+        # it and is not held (a first evaluation alone read "75 % of the time over the
+        # last pass" after a training pass that lost 10 %).
+        before = {owner[i] for i in owner if i < current}
+        return {} if before <= held else None
+    cycle: dict[int, _Loader] = {}
+    for start in sorted(i for i in owner if since < i < current and owner[i] not in held):
+        whole = kept.get(start)
+        if whole is None:
+            return None
+        group = cycle.setdefault(owner[start], _Loader())
+        group.firsts.append(whole[0])
+        group.others.extend(whole[1:])
+    return cycle
 
 
 def _recalled(
@@ -139,26 +177,28 @@ def _recalled(
     owner: dict[int, int],
     lengths: dict[int, list[int]],
     known: int,
+    kept: dict[int, Sequence[StepRecord]],
 ) -> PassStarts | None:
     """The steps held are all of one pass begun before them (a pass longer than a
     window): its loader's last starts (up to PASS_START_STALL_STARTS whose first waits the
-    probe published) stand for its first steps, each a step of their usual wait and the
-    held steps' mean compute; the held steps for the rest of a whole pass. Without this, a
+    probe published) stand for its first step, a step of their usual wait and the held
+    steps' mean compute; the held steps for the rest of a whole pass. Without this, a
     long pass's costly start was judged only while its first steps were held: the
     verdict changed in the middle of every pass (5 s starts of 1,000-step passes: "83 %
     of the data wait" for 4 s of each, nothing for the other 9).
 
-    Only where the loader's passes follow one another: where another loader's pass ran
-    between (an evaluation between epochs), a whole cycle holds passes whose steps are
-    not held, and one loader's passes alone read 30 % for a cycle that loses 37 % (50 %
-    in the evaluation's)."""
+    Where another loader's passes ran since the previous one of this loader (an
+    evaluation between epochs), they are the rest of the cycle: judged on the whole
+    passes the viewer kept of them, or not at all (one loader's passes alone read 30 %
+    for a cycle that loses 37 %, 50 % in the evaluation's)."""
     before = sorted(i for i in owner if i < tail[0].index)
     if not before:
         return None
     current = before[-1]
     which = owner[current]
-    if len(before) > 1 and owner[before[-2]] != which:
-        return None  # passes of loaders taking turns: the cycle is not held
+    cycle = _cycle(owner, current, kept, set())
+    if cycle is None:
+        return None  # loaders taking turns: the other passes of the cycle are not known
     if not lengths.get(which):
         return None  # no whole pass of it yet: its length is not known
     others = [s for s in tail if s.index < known and s.wait_s is not None]
@@ -183,28 +223,23 @@ def _recalled(
     samples = None if None in counts else round(statistics.median(c or 0 for c in counts))
     # A first step's device waited with its host (nothing was queued during the start).
     timed = all(s.device_idle_s is not None for s in others)
-    firsts = [
-        StepRecord(
-            current,
-            others[0].end_time,
-            wait + compute,
-            wait,
-            samples,
-            None,
-            wait if timed else None,
-        )
-        for _ in waits
-    ]
+    first = StepRecord(
+        current, others[0].end_time, wait + compute, wait, samples, None, wait if timed else None
+    )
     # A pass longer than its loader's usual ones (the first whole pass after a run
     # resumed in the middle of an epoch; epochs that grow) has no known length: 5 s starts
     # of 1,000-step passes after a 100-step one read 65 % over passes "of 230 steps".
     if others[-1].index - current + 1 > statistics.median(lengths[which]):
         return None
-    group = _Loader(firsts, others, lengths[which])
-    starts = _judged({which: group}, passes, [*firsts, *others])
+    loaders = {which: _Loader([first], others, lengths[which], len(waits))}
+    judged = [first, *others]
+    for other, group in cycle.items():
+        loaders[other] = replace(group, lengths=lengths.get(other, []))
+        judged += [*group.firsts, *group.others]
+    starts = _judged(loaders, passes, judged)
     if starts is None or not starts.whole:
         return None  # the steps held are a whole pass's: no start left out to stand for
-    return replace(starts, recalled=True)
+    return starts
 
 
 def _judged(
@@ -257,13 +292,15 @@ def _judged(
                 beyond / judged_wait,
                 length,
                 passes[which].rebuilt,
+                group.recalled,
             )
         )
         saved += beyond_typical
     found.sort(key=lambda starts: starts.share, reverse=True)
     return PassStarts(
         loaders=tuple(found),
-        passes=sum(len(group.firsts) for group in loaders.values()),
+        # (a recalled first step stands for as many starts as it is the median of)
+        passes=sum(max(len(group.firsts), group.recalled) for group in loaders.values()),
         share=sum(starts.share for starts in found),
         rate=done / span,
         ceiling=done / (span - saved),
@@ -273,6 +310,33 @@ def _judged(
         wait_share=sum(waited.values()) / span,
         idle_share=idle / span if timed else None,
     )
+
+
+def passes_to_keep(passes: Sequence[LoaderPasses], known: int) -> list[tuple[int, int]]:
+    """The passes whose steps a viewer keeps once they ended, (first step, next pass's
+    first step): where loaders take turns (a training's passes and an evaluation's), the
+    newest whole pass of each. In the middle of a training pass longer than the steps
+    held, the evaluation's pass that ran before it is the rest of the run's cycle
+    (pass_start_costs); the viewer drops its steps after a minute. None where one loader
+    runs: its starts' waits come with each hello."""
+    owner = _owners(passes)
+    if len(set(owner.values())) < 2:
+        return []
+    newest: dict[int, tuple[int, int]] = {}
+    for start, end in pairwise(sorted(i for i in owner if i < known)):
+        newest[owner[start]] = (start, end)
+    return sorted(newest.values())
+
+
+def kept_steps(whole: Sequence[StepRecord]) -> tuple[StepRecord, ...]:
+    """A whole pass's steps as a viewer keeps them: its first, and at most
+    MAX_WINDOW_STEPS of the others, evenly spread (pass_start_costs counts them as many
+    times as the pass has steps)."""
+    if not whole:
+        return ()
+    rest = whole[1:]
+    stride = max(1, -(-len(rest) // MAX_WINDOW_STEPS))
+    return (whole[0], *rest[::stride])
 
 
 def _owners(passes: Sequence[LoaderPasses]) -> dict[int, int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
 from gputop_dl.probe.protocol import MICROS, StepRows, WireStep
 from gputop_dl.probe.samples import SystemSample
+from gputop_dl.tui.analysis.passes import kept_steps, passes_to_keep
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
 from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
@@ -55,6 +56,8 @@ class Run:
     total_steps: int
     first_start: float | None
     samples_known: bool
+    _whole_passes: dict[int, tuple[StepRecord, ...]]
+    _to_keep: list[tuple[int, int]]  # passes to keep not yet ended: (first step, end)
 
     def __init__(self, source_id: str, history_s: float) -> None:
         self.source_id = source_id
@@ -152,6 +155,44 @@ class Run:
     def set_hello(self, hello: Hello) -> None:
         self.hello = hello
         self._window_hello = None
+        self._keep_passes(hello)
+
+    def _keep_passes(self, hello: Hello) -> None:
+        """The passes ``hello`` lists that a cycle of loaders taking turns needs
+        (passes.passes_to_keep): kept once they ended, while all their steps are here
+        (the log drops steps after STEP_KEEP_S, before a long training pass is over; a
+        late viewer's replay brings steps older than that, dropped as they come)."""
+        wanted = passes_to_keep(hello.passes, hello.step_count)
+        self._whole_passes = {
+            start: self._whole_passes[start] for start, _ in wanted if start in self._whole_passes
+        }
+        self._to_keep = [(start, end) for start, end in wanted if start not in self._whole_passes]
+        self._keep_ended()
+
+    def _keep_ended(self) -> None:
+        """Keep the passes to keep whose steps are all here; an empty tuple for one that
+        ended but whose steps are not all here (tried once)."""
+        last = -1 if self.last_index is None else self.last_index
+        waiting = []
+        for start, end in self._to_keep:
+            if last < end - 1:
+                waiting.append((start, end))  # its last steps still to come
+                continue
+            found: list[StepRecord] = []
+            for record in reversed(self.steps):
+                if record.index < start:
+                    break
+                if record.index < end:
+                    found.append(record)
+            found.reverse()
+            whole = [r.index for r in found] == list(range(start, end))
+            self._whole_passes[start] = kept_steps(found) if whole else ()
+        self._to_keep = waiting
+
+    @property
+    def whole_passes(self) -> tuple[tuple[StepRecord, ...], ...]:
+        """The whole passes kept (see _keep_passes), oldest first."""
+        return tuple(whole for _, whole in sorted(self._whole_passes.items()) if whole)
 
     def add_loop(self, loop: Loop) -> None:
         self.loop = loop
@@ -251,6 +292,12 @@ class Run:
         self.total_steps = 0
         self.first_start = None
         self.samples_known = False
+        # Whole passes of loaders taking turns, by first step; () where tried and not
+        # all of its steps were here (see _keep_passes).
+        self._whole_passes = {}
+        self._to_keep = []
+        if self.hello is not None:
+            self._keep_passes(self.hello)
 
     def _add_rows(self, records: StepRows, rows: tuple[WireStep, ...], received: float) -> bool:
         """The hot path: a decoded message's rows checked and bucketed in one pass and
@@ -288,6 +335,8 @@ class Run:
             self.samples_known = any(n is not None for n in map(_samples, rows or accepted))
         steps = self.steps
         steps.extend(accepted, count)
+        if self._to_keep:  # before the oldest steps are dropped below
+            self._keep_ended()
         throughput = self.throughput
         last_end = throughput.last_end
         if last_end is not None:

@@ -548,6 +548,7 @@ class ViewerState:
             stack=source.stack,
             ptrace=self._ptrace(source),
             run_from=source.first_start,
+            whole_passes=source.whole_passes,
         )
         try:
             # The verdict shown is passed back: a condition it holds is left only below

@@ -1,0 +1,226 @@
+"""Loaders taking turns, judged over a whole cycle of their passes in the middle of a long
+one: the viewer keeps the steps of the newest whole pass of each loader (an evaluation's,
+which its step log drops a minute later) and the analyzer completes the cycle with them.
+
+Before, in the middle of a training pass longer than the analyzer's window, a training
+and an evaluation whose workers start again at every pass read the window's share ("8 %")
+and "cause unknown": the evaluation's start, and its pass, were not among the steps."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+from fakes_tui import SOURCE_ID, received, steps_events
+from fakes_tui import hello as probe_hello
+
+import gputop_dl.tui.state as state_module
+from gputop_dl.probe.messages import LoaderPasses, StepRecord, Steps
+from gputop_dl.tui.analysis.passes import MAX_WINDOW_STEPS, kept_steps, passes_to_keep
+from gputop_dl.tui.analyzer import Verdict, Window, analyze
+from gputop_dl.tui.state import ViewerState
+from tests.test_analysis_facts import TRAIN, VAL, cycles, text
+from tests.test_analyzer import hello, processes, window
+
+TRAIN_KEPT = replace(TRAIN, persistent_workers=True)
+VAL_FORKED = replace(VAL, persistent_workers=False)
+
+
+def listed(
+    train: tuple[int, ...], val: tuple[int, ...], known: int, wait: float = 5.0
+) -> tuple[LoaderPasses, ...]:
+    """The hello's passes as of ``known`` steps: each loader's starts before it, with
+    their first waits; the loader whose pass began last, last."""
+    passes = []
+    for info, starts in ((VAL_FORKED, val), (TRAIN_KEPT, train)):
+        began = tuple(i for i in starts if i < known)[-16:]
+        passes.append(LoaderPasses(info, began, (wait,) * len(began)))
+    return tuple(sorted(passes, key=lambda p: p.starts[-1] if p.starts else -1))
+
+
+def kept(
+    steps: list[StepRecord], passes: tuple[LoaderPasses, ...], known: int
+) -> tuple[tuple[StepRecord, ...], ...]:
+    """What a viewer keeps as of ``known`` steps (all of them received)."""
+    by_index = {s.index: s for s in steps}
+    return tuple(
+        kept_steps([by_index[i] for i in range(start, end)])
+        for start, end in passes_to_keep(passes, known)
+    )
+
+
+WHERE = ["in the training pass", "at the evaluation's start", "in the evaluation", "after it"]
+
+
+def turns_at(where: str) -> tuple[Window, list[StepRecord], tuple[LoaderPasses, ...], int]:
+    """Cycles of a 1,000-step training pass (workers kept, 5 s start) and a 300-step
+    evaluation (workers forked again, 5 s), 12 ms steps waiting 1 ms but each pass's
+    first: a window of 250 steps ``where`` in the fourth cycle, and the hello's passes as
+    of its last step; the run's steps and that count."""
+    steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
+    first = {
+        "in the training pass": train[3] + 500,
+        "at the evaluation's start": val[3] - 100,
+        "in the evaluation": val[3] + 150,
+        "after it": train[4] + 50,
+    }[where]
+    known = first + 250
+    passes = listed(train, val, known)
+    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
+    recent = [s for s in steps if s.index >= first][:250]
+    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
+    return w, steps, passes, known
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_cycle_is_judged_with_the_passes_the_viewer_kept(where: str) -> None:
+    """A cycle loses 42 % to waiting (11.3 s of 26.9 s). Wherever the window is, the
+    headline is that share over whole passes, and the headroom the cycle's."""
+    w, steps, passes, known = turns_at(where)
+    v = analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    share = re.search(r"data wait (\d+) % of the time over whole passes", v.headline)
+    assert share is not None and 41 <= int(share.group(1)) <= 43, text(v)
+    assert v.passes_share is not None and abs(v.passes_share - 11.298 / 26.898) < 0.01, v
+    assert v.cause in ("worker-restarts", "pass-start"), text(v)
+    # Both loaders' starts named; no loader's passes alone.
+    assert "-step passes alone" not in (v.headroom or ""), v.headroom
+    assert "(over whole passes: " in (v.headroom or ""), v.headroom
+    assert sum(" steps: the first batch of a pass waited" in e for e in v.evidence) == 2, text(v)
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["none kept", "its own kept"])
+@pytest.mark.parametrize("where", WHERE)
+def test_without_the_other_passes_the_window_keeps_its_share(where: str, own: bool) -> None:
+    """The same run where the viewer kept no pass, or only those of the loader running
+    now (the other's longer than its step log, a viewer attached since): the cycle is
+    not known, and one loader's passes are not the run's share (a window over them read
+    33 % "over whole passes" in the training's, 60 % in the evaluation's). The cause,
+    with the loader judged, stays, and a headroom from one loader's passes says whose
+    they are (it read "+81 % (over whole passes)" for a cycle that would gain 45 %)."""
+    w, steps, passes, known = turns_at(where)
+    now = passes[-1].starts  # the loader whose pass began last
+    whole = tuple(p for p in kept(steps, passes, known) if own and p[0].index in now)
+    assert bool(whole) == own
+    v = analyze(replace(w, whole_passes=whole))
+    assert "over whole passes" not in v.headline and "over the last" not in v.headline, text(v)
+    assert v.passes_share is None, v
+    if "without those waits" in (v.headroom or ""):  # one loader's passes: said so
+        assert "-step passes alone: " in (v.headroom or ""), v.headroom
+
+
+def test_a_kept_pass_is_its_first_step_and_at_most_a_window_of_the_others() -> None:
+    steps, train, _ = cycles(2, 1000, 5.0, 300, 5.0)
+    whole = [s for s in steps if train[0] <= s.index < train[0] + 1000]
+    thin = kept_steps(whole)
+    assert thin[0] is whole[0]
+    assert len(thin) - 1 <= MAX_WINDOW_STEPS
+    assert [s.index for s in thin[1:]] == [s.index for s in whole[1::4]]
+    short = whole[:100]
+    assert kept_steps(short) == tuple(short)
+    assert kept_steps([]) == ()
+
+
+def test_only_loaders_taking_turns_have_passes_kept() -> None:
+    one = (LoaderPasses(TRAIN, (10, 110, 210)),)
+    assert passes_to_keep(one, 400) == []
+    two = (LoaderPasses(VAL, (110, 330)), LoaderPasses(TRAIN, (10, 210, 430)))
+    # The newest whole pass of each: its end is listed and counted.
+    assert passes_to_keep(two, 431) == [(210, 330), (330, 430)]
+    assert passes_to_keep(two, 430) == [(110, 210), (210, 330)]
+
+
+# --- the viewer ---------------------------------------------------------------------------
+
+
+def feed(
+    state: ViewerState, steps: list[StepRecord], train: tuple[int, ...], val: tuple[int, ...]
+) -> None:
+    """The run's messages as a probe sends them: steps every 0.5 s, a hello every 2 s
+    listing the starts of passes counted so far."""
+    events = steps_events(steps, flush_s=0.5)
+    next_hello = steps[0].end_time
+    known = 0
+    for event in events:
+        records = getattr(event.message, "records", ())
+        if records:
+            known = records[-1].index + 1
+        if event.received >= next_hello:
+            h = replace(
+                probe_hello(),
+                loader=TRAIN_KEPT,
+                passes=listed(train, val, known),
+                step_count=known,
+            )
+            state.apply(received(h, event.received))
+            next_hello = event.received + 2.0
+        state.apply(event)
+
+
+def test_the_viewer_judges_a_cycle_in_the_middle_of_a_training_pass_longer_than_its_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Training passes of 6,000 steps (83 s) and evaluations of 300 (8.9 s), each
+    waiting 5 s for its workers: a cycle loses 17.7 % (16.3 s of 91.9 s). 65 s into a
+    training pass the step log no longer holds the evaluation (it keeps a minute of
+    steps); the viewer kept its pass, and the verdict is the cycle's."""
+    steps, train, val = cycles(3, 6000, 5.0, 300, 5.0)
+    at = train[2] + 5000
+    state = ViewerState("vm")
+    windows: list[tuple[Window, Verdict]] = []
+
+    def record(w: Window, previous: Verdict | None = None) -> Verdict:
+        verdict = analyze(w, previous)
+        windows.append((w, verdict))
+        return verdict
+
+    monkeypatch.setattr(state_module, "analyze", record)
+    upto = [s for s in steps if s.index <= at]
+    feed(state, upto, train, val)
+    state.tick(upto[-1].end_time + 0.1)
+    w, v = windows[-1]
+    assert w.steps[0].index > val[1], "the window holds no evaluation step"
+    # The evaluation's pass; the training's are longer than the log: never whole there.
+    assert [p[0].index for p in w.whole_passes] == [val[1]]
+    share = re.search(r"data wait (\d+) % of the time over whole passes", v.headline)
+    assert share is not None and 17 <= int(share.group(1)) <= 19, text(v)
+
+
+def test_a_first_evaluation_after_a_training_pass_is_not_a_cycle() -> None:
+    """The first evaluation of a run, after its first training pass: the cycle is not
+    known yet (the evaluation's length, its next start). Its pass alone read "75 % of
+    the time over the last pass" (+250 %) in a real run whose training pass lost 10 %."""
+    steps, train, val = cycles(2, 1000, 5.0, 300, 5.0)
+    first = val[0] - 50
+    known = first + 150
+    passes = listed(train, val, known)
+    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
+    recent = [s for s in steps if s.index >= first][:150]
+    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
+    whole = kept(steps, passes, known)
+    assert [p[0].index for p in whole] == [train[0]]  # the training's pass, kept
+    v = analyze(replace(w, whole_passes=whole))
+    assert "over the last pass" not in v.headline and "over whole" not in v.headline, text(v)
+    assert v.passes_share is None, v
+
+
+def test_a_late_viewer_keeps_the_passes_its_replay_brings() -> None:
+    """A viewer attached 65 s into a training pass gets the probe's history at once: a
+    hello, then 120 s of steps in messages of 2,000. Its log keeps a minute of steps, so
+    the evaluation's (70 s old) are dropped as the replay comes; they are kept before."""
+    steps, train, val = cycles(3, 6000, 5.0, 300, 5.0)
+    at = train[2] + 5000
+    now = steps[at].end_time + 0.1
+    history = [s for s in steps[: at + 1] if s.end_time >= now - 120.0][-20_000:]
+    state = ViewerState("vm")
+    h = replace(
+        probe_hello(), loader=TRAIN_KEPT, passes=listed(train, val, at + 1), step_count=at + 1
+    )
+    state.apply(received(h, now))
+    for number, first in enumerate(range(0, len(history), 2_000)):
+        chunk = tuple(history[first : first + 2_000])
+        state.apply(received(Steps(SOURCE_ID, chunk, number, 0), now))
+    (run,) = state._sources.values()
+    assert run.steps and next(iter(run.steps)).index > val[1] + 300, "the log dropped them"
+    assert [p[0].index for p in run.whole_passes] == [val[1]]
+    assert len(run.whole_passes[0]) == 300
