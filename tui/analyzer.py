@@ -33,7 +33,12 @@ from gputop_dl.tui.analysis.causes import (
 )
 from gputop_dl.tui.analysis.devices import DeviceState, device_states, own_device
 from gputop_dl.tui.analysis.host import HostStats, Scope, host_stats
-from gputop_dl.tui.analysis.passes import PassStarts, pass_start_costs, steady_starts
+from gputop_dl.tui.analysis.passes import (
+    PassStarts,
+    WholePass,
+    pass_start_costs,
+    steady_starts,
+)
 from gputop_dl.tui.analysis.steps import (
     StepStats,
     agreeing_time,
@@ -109,9 +114,9 @@ class Window:
     stack: Stack | None = None  # the newest stack the probe took in a stall
     ptrace: Ptrace | None = None  # could py-spy attach to the run from here (None: unknown)
     run_from: float | None = None  # the run's first step started (host samples before: start-up)
-    # Whole passes of loaders taking turns that the viewer kept (passes.kept_steps), the
-    # newest of each loader: the rest of a cycle whose other passes the steps do not hold.
-    whole_passes: tuple[tuple[StepRecord, ...], ...] = ()
+    # Whole passes the viewer kept where loaders take turns (passes.passes_to_keep): the
+    # rest of a cycle whose other passes the steps do not hold.
+    whole_passes: tuple[WholePass, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,13 +211,15 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     """What the advice can buy: the loading's measured CPU cost per sample times the cores
     the advice gives it, and never more than the step without any data wait."""
     starts = cause.starts
-    if starts is not None:
+    lengths = {each.pass_steps for each in starts.loaders} if starts is not None else set()
+    if starts is not None and (starts.cycle or (len(lengths) == 1 and None not in lengths)):
         # Over the steps the starts were judged on (the window may hold more starts, or
         # fewer, than they do on average): its rate and its rate without those waits.
+        # One loader's passes of several taking turns say so (not the run's rate); where
+        # their length is not known either (a first evaluation), the window's headroom
+        # (it read "+385 % (over the last pass)" for a cycle that would gain 59 %).
         unit = "samples/s" if starts.per_sample else "steps/s"
-        lengths = {each.pass_steps for each in starts.loaders}
-        if not starts.cycle and len(lengths) == 1 and None not in lengths:
-            # One loader's passes of several taking turns: not the run's rate.
+        if not starts.cycle:
             over = f"over the {lengths.pop():,}-step passes alone"
         else:
             over = _over_what(starts)
@@ -1269,7 +1276,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
                 steps,
                 hello.passes,
                 hello.step_count,
-                [usable_steps(whole, skip) for whole in window.whole_passes],
+                [whole for whole in window.whole_passes if usable_steps([whole.first], skip)],
             )
             if hello is not None
             else None

@@ -38,6 +38,8 @@ from gputop_dl.tui.analysis.thresholds import (
 )
 
 REFERENCE_PERCENTILE = 0.9
+KEPT_LOST = 0.05  # a kept pass may miss this share of its other steps (messages lost)
+KEPT_STARTS = 16  # the whole passes a viewer keeps are among this many last starts
 ROUNDS_WAIT_SHARE = 0.25  # other steps waiting this share of their period: rounds
 TORCH_PREFETCH_FACTOR = 2  # a DataLoader's default with workers
 
@@ -91,24 +93,75 @@ def _wait(step: StepRecord) -> float:
     return wait if wait < step.period_s else step.period_s
 
 
+@dataclass(frozen=True)
+class WholePass:
+    """A pass a viewer kept once it ended (passes_to_keep): its first step, and its other
+    steps as sums (exact, whatever their pattern: a sample of them aliased with workers
+    delivering in rounds). In the middle of a long training pass, the evaluation's passes
+    that ran before it are the rest of the run's cycle, and the viewer's log drops their
+    steps a minute later."""
+
+    first: StepRecord
+    length: int  # the pass's steps (its next start's index less its first's)
+    others: int  # its other steps received (fewer than length - 1 where some were lost)
+    wait_s: float  # their data wait, each at most its period
+    period_s: float  # their time
+    samples: int | None  # their samples; None: a step without a count
+    idle_s: float | None  # their device idle time, each at most its period; None: not timed
+    typical_wait_s: float  # their REFERENCE_PERCENTILE wait (0 without other steps)
+
+    @property
+    def scale(self) -> float:
+        """Its other steps received count this many times (some lost on the way)."""
+        return (self.length - 1) / self.others if self.others else 1.0
+
+
+def whole_pass(steps: Sequence[StepRecord], end: int) -> WholePass | None:
+    """The pass whose steps received are ``steps`` (its first first, oldest first),
+    ending before step ``end``, as a viewer keeps it; None where more than KEPT_LOST of
+    its other steps are missing (a message lost: the rest stand for them)."""
+    if not steps:
+        return None
+    first, rest = steps[0], steps[1:]
+    length = end - first.index
+    if length < 1 or len(rest) < (1 - KEPT_LOST) * (length - 1):
+        return None
+    waits = sorted(_wait(s) for s in rest)
+    counts = [s.samples for s in rest]
+    idles = [s.device_idle_s for s in rest]
+    return WholePass(
+        first,
+        length,
+        len(rest),
+        sum(waits),
+        sum(s.period_s for s in rest),
+        None if None in counts else sum(c or 0 for c in counts),
+        None
+        if None in idles
+        else sum(min(i or 0.0, s.period_s) for i, s in zip(idles, rest, strict=True)),
+        waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))] if waits else 0.0,
+    )
+
+
 @dataclass
 class _Loader:
     firsts: list[StepRecord] = field(default_factory=list)
     others: list[StepRecord] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # its whole passes' steps
     recalled: int = 0  # LoaderStarts.recalled
+    kept: list[WholePass] = field(default_factory=list)  # their firsts are in `firsts`
 
 
 def pass_start_costs(
     steps: Sequence[StepRecord],
     passes: Sequence[LoaderPasses],
     known: int,
-    before: Sequence[Sequence[StepRecord]] = (),
+    before: Sequence[WholePass] = (),
 ) -> PassStarts | None:
     """``steps``: usable steps, oldest first; ``passes``: the hello's; ``known``: its
     ``step_count`` (a start after it is not listed yet: the steps from there on are left
     out, or they would count a start as any other wait); ``before``: whole passes the
-    viewer kept of loaders taking turns (:func:`passes_to_keep`), for a cycle whose
+    viewer kept where loaders take turns (:func:`passes_to_keep`), for a cycle whose
     other passes the steps do not hold. None without starts among the steps, or without
     a loader whose starts can be told apart from its first batches (enough other steps
     to tell what a batch waits anyway, passes longer than what ``iter()`` asks for at
@@ -118,7 +171,7 @@ def pass_start_costs(
         return None
     owner = _owners(passes)
     lengths = _lengths(owner, known)
-    kept = {whole[0].index: whole for whole in before if whole}
+    kept = {whole.first.index: whole for whole in before}
     listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
         return _recalled(tail, passes, owner, lengths, known, kept)
@@ -128,18 +181,15 @@ def pass_start_costs(
         start = listed[bisect_right(listed, step.index) - 1]
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
-    # A cycle of passes is held when every loader whose pass ran since the current
-    # loader's previous pass began has a start among the steps judged; the passes of
-    # those that have none, where the viewer kept them whole, complete it.
-    current = listed[-1]
-    held = {which for which, group in loaders.items() if group.firsts}
-    cycle = _cycle(owner, current, kept, held)
+    # A cycle of passes is held when each pass of it has its start among the steps
+    # judged; the others, where the viewer kept them whole, complete it.
+    cycle = _cycle(owner, listed[-1], kept, set(listed))
     if cycle is not None:
         for which, group in cycle.items():
             joined = loaders.setdefault(which, _Loader())
             joined.firsts += group.firsts
-            joined.others += group.others
-            judged += [*group.firsts, *group.others]
+            joined.kept += group.kept
+            judged += group.firsts
     starts = _judged(loaders, passes, judged)
     if starts is None:
         return None
@@ -147,28 +197,44 @@ def pass_start_costs(
 
 
 def _cycle(
-    owner: dict[int, int], current: int, kept: dict[int, Sequence[StepRecord]], held: set[int]
+    owner: dict[int, int], current: int, kept: dict[int, WholePass], held: set[int]
 ) -> dict[int, _Loader] | None:
-    """The passes of the loaders not in ``held`` that ran since the previous pass of
-    ``current``'s loader began, up to ``current``, from the whole passes the viewer
-    kept: a cycle of the run's passes with the held ones. None where one is not kept."""
-    which = owner[current]
-    since = max((i for i in owner if i < current and owner[i] == which), default=None)
+    """The passes of the cycle that ends with the pass begun at ``current`` whose starts
+    are not in ``held``, from the whole passes the viewer kept, by loader. None where one
+    was not kept, or the cycle is not known yet."""
+    since = _cycle_since(owner, current)
     if since is None:
-        # Its first pass: a cycle is not known yet where another loader's pass ran before
-        # it and is not held (a first evaluation alone read "75 % of the time over the
-        # last pass" after a training pass that lost 10 %).
-        before = {owner[i] for i in owner if i < current}
-        return {} if before <= held else None
+        # A first pass of its loader: a cycle is not known yet where another loader's
+        # pass ran before it and is not held (a first evaluation alone read "75 % of the
+        # time over the last pass" after a training pass that lost 10 %).
+        return {} if all(i in held for i in owner if i < current) else None
     cycle: dict[int, _Loader] = {}
-    for start in sorted(i for i in owner if since < i < current and owner[i] not in held):
+    for start in sorted(i for i in owner if since < i < current and i not in held):
         whole = kept.get(start)
         if whole is None:
             return None
         group = cycle.setdefault(owner[start], _Loader())
-        group.firsts.append(whole[0])
-        group.others.extend(whole[1:])
+        group.firsts.append(whole.first)
+        group.kept.append(whole)
     return cycle
+
+
+def _cycle_since(owner: dict[int, int], current: int) -> int | None:
+    """The start before the first pass of the cycle that ends with ``current``'s: the
+    passes of a run repeat in the order of their loaders (a training pass and one
+    evaluation, or two: "A B B A B B"), and a cycle is the shortest repetition the
+    listed starts show twice. Where they show none yet, the current loader's previous
+    start (None: it has none)."""
+    starts = sorted(i for i in owner if i <= current)
+    # Where every loader's listing reaches back (the hello lists each one's last few):
+    # a loader run twice a cycle lists half as many cycles.
+    since = max(min(i for i in starts if owner[i] == which) for which in {owner[i] for i in starts})
+    order = [owner[i] for i in starts if i >= since]
+    for period in range(1, len(order) // 2 + 1):
+        if all(order[k] == order[k - period] for k in range(period, len(order))):
+            return starts[-period - 1]
+    which = owner[current]
+    return max((i for i in starts if i < current and owner[i] == which), default=None)
 
 
 def _recalled(
@@ -177,7 +243,7 @@ def _recalled(
     owner: dict[int, int],
     lengths: dict[int, list[int]],
     known: int,
-    kept: dict[int, Sequence[StepRecord]],
+    kept: dict[int, WholePass],
 ) -> PassStarts | None:
     """The steps held are all of one pass begun before them (a pass longer than a
     window): its loader's last starts (up to PASS_START_STALL_STARTS whose first waits the
@@ -235,7 +301,7 @@ def _recalled(
     judged = [first, *others]
     for other, group in cycle.items():
         loaders[other] = replace(group, lengths=lengths.get(other, []))
-        judged += [*group.firsts, *group.others]
+        judged += group.firsts
     starts = _judged(loaders, passes, judged)
     if starts is None or not starts.whole:
         return None  # the steps held are a whole pass's: no start left out to stand for
@@ -246,8 +312,11 @@ def _judged(
     loaders: dict[int, _Loader], passes: Sequence[LoaderPasses], judged: Sequence[StepRecord]
 ) -> PassStarts | None:
     """The loaders' starts judged on their first and other steps (pass_start_costs)."""
+    kept = [whole for group in loaders.values() for whole in group.kept]
     per_sample = all(s.samples is not None for s in judged)
+    per_sample = per_sample and all(whole.samples is not None for whole in kept)
     timed = all(s.device_idle_s is not None for s in judged)  # device idle known
+    timed = timed and all(whole.idle_s is not None for whole in kept)
     span = done = idle = 0.0
     waited: dict[int, float] = {}  # each loader's passes' data wait
     scaled = False
@@ -257,7 +326,8 @@ def _judged(
         # would weigh as if passes were that short.
         scale = 1.0
         if group.lengths and group.others:
-            whole = len(group.firsts) * (statistics.median(group.lengths) - 1)
+            firsts = len(group.firsts) - len(group.kept)  # those of the steps held
+            whole = firsts * (statistics.median(group.lengths) - 1)
             scale = max(1.0, whole / len(group.others))
             scaled = scaled or scale > 1.0
         waited[which] = 0.0
@@ -267,6 +337,11 @@ def _judged(
             done += weight * (sum(s.samples or 0 for s in part) if per_sample else len(part))
             if timed:
                 idle += weight * sum(min(s.device_idle_s or 0.0, s.period_s) for s in part)
+        for pass_ in group.kept:  # their firsts are among the firsts above
+            waited[which] += pass_.scale * pass_.wait_s
+            span += pass_.scale * pass_.period_s
+            done += pass_.scale * ((pass_.samples or 0) if per_sample else pass_.others)
+            idle += pass_.scale * (pass_.idle_s or 0.0)
     costs = {
         which: cost
         for which, group in loaders.items()
@@ -312,31 +387,26 @@ def _judged(
     )
 
 
-def passes_to_keep(passes: Sequence[LoaderPasses], known: int) -> list[tuple[int, int]]:
-    """The passes whose steps a viewer keeps once they ended, (first step, next pass's
-    first step): where loaders take turns (a training's passes and an evaluation's), the
-    newest whole pass of each. In the middle of a training pass longer than the steps
-    held, the evaluation's pass that ran before it is the rest of the run's cycle
-    (pass_start_costs); the viewer drops its steps after a minute. None where one loader
-    runs: its starts' waits come with each hello."""
+def passes_to_keep(
+    passes: Sequence[LoaderPasses], known: int, reach: float = MAX_WINDOW_STEPS
+) -> list[tuple[int, int]]:
+    """The passes a viewer keeps once they ended, (first step, next pass's first step):
+    where loaders take turns (a training's passes and an evaluation's), the whole ones
+    among the last KEPT_STARTS starts. In the middle of a training pass longer than the
+    steps held, the evaluation's passes that ran before it are the rest of the run's
+    cycle (pass_start_costs); the viewer drops their steps after a minute. None where
+    one loader runs (its starts' waits come with each hello), nor where a cycle of
+    passes (a pass of each loader, at its usual length) is within half the ``reach``
+    of the analyzer's window in steps: its windows hold whole cycles (a loop of short
+    passes would be summed a few times a second for nothing)."""
     owner = _owners(passes)
     if len(set(owner.values())) < 2:
         return []
-    newest: dict[int, tuple[int, int]] = {}
-    for start, end in pairwise(sorted(i for i in owner if i < known)):
-        newest[owner[start]] = (start, end)
-    return sorted(newest.values())
-
-
-def kept_steps(whole: Sequence[StepRecord]) -> tuple[StepRecord, ...]:
-    """A whole pass's steps as a viewer keeps them: its first, and at most
-    MAX_WINDOW_STEPS of the others, evenly spread (pass_start_costs counts them as many
-    times as the pass has steps)."""
-    if not whole:
-        return ()
-    rest = whole[1:]
-    stride = max(1, -(-len(rest) // MAX_WINDOW_STEPS))
-    return (whole[0], *rest[::stride])
+    lengths = _lengths(owner, known)
+    if sum(statistics.median(each) for each in lengths.values()) <= reach / 2:
+        return []
+    starts = sorted(i for i in owner if i < known)[-KEPT_STARTS:]
+    return list(pairwise(starts))
 
 
 def _owners(passes: Sequence[LoaderPasses]) -> dict[int, int]:
@@ -367,12 +437,16 @@ def _loader_costs(
         asked = workers * (prefetch or TORCH_PREFETCH_FACTOR)
         if statistics.median(group.lengths) <= asked:
             return None
-    firsts, others = group.firsts, group.others
-    if not firsts or len(others) < PASS_OTHER_STEPS:
+    firsts, others, kept = group.firsts, group.others, group.kept
+    count = len(others) + sum(whole.others for whole in kept)
+    if not firsts or count < PASS_OTHER_STEPS:
         return None
-    waits = sorted(_wait(s) for s in others)
-    typical = waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))]
-    period = sum(s.period_s for s in others) / len(others)
+    if others:
+        waits = sorted(_wait(s) for s in others)
+        typical = waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))]
+    else:  # whole passes kept: the least usual of theirs
+        typical = max(whole.typical_wait_s for whole in kept)
+    period = (sum(s.period_s for s in others) + sum(w.period_s for w in kept)) / count
     reference = max(typical, workers * period) if typical >= ROUNDS_WAIT_SHARE * period else typical
     first_waits = [_wait(s) for s in firsts]
     beyond = sum(max(0.0, w - reference) for w in first_waits)

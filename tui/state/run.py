@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
-from itertools import islice
+from itertools import chain, islice
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
 from gputop_dl.probe.protocol import MICROS, StepRows, WireStep
 from gputop_dl.probe.samples import SystemSample
-from gputop_dl.tui.analysis.passes import kept_steps, passes_to_keep
+from gputop_dl.tui.analysis.passes import WholePass, passes_to_keep, whole_pass
+from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
 from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
@@ -56,8 +58,9 @@ class Run:
     total_steps: int
     first_start: float | None
     samples_known: bool
-    _whole_passes: dict[int, tuple[StepRecord, ...]]
+    _whole_passes: dict[int, WholePass | None]  # by first step; None: not all here
     _to_keep: list[tuple[int, int]]  # passes to keep not yet ended: (first step, end)
+    _passes_seen: tuple[tuple[int, ...], bool] | None  # see _keep_passes
 
     def __init__(self, source_id: str, history_s: float) -> None:
         self.source_id = source_id
@@ -159,40 +162,54 @@ class Run:
 
     def _keep_passes(self, hello: Hello) -> None:
         """The passes ``hello`` lists that a cycle of loaders taking turns needs
-        (passes.passes_to_keep): kept once they ended, while all their steps are here
-        (the log drops steps after STEP_KEEP_S, before a long training pass is over; a
-        late viewer's replay brings steps older than that, dropped as they come)."""
-        wanted = passes_to_keep(hello.passes, hello.step_count)
+        (passes.passes_to_keep): kept once they ended, from the steps here or arriving
+        (the log drops steps after STEP_KEEP_S, before a long training pass is over, and
+        beyond MAX_STEP_RECORDS: a late viewer's replay brings more)."""
+        # Each hello lists them all again: nothing new without a new last start, or the
+        # last one counted since (a start is listed with the step that begins it).
+        newest = tuple(p.starts[-1] if p.starts else -1 for p in hello.passes)
+        key = (newest, max(newest, default=-1) < hello.step_count)
+        if key == self._passes_seen:
+            return
+        self._passes_seen = key
+        # The analyzer's window: its last 300 steps of ANALYSIS_WINDOW_S at most.
+        period = self.typical_period()
+        reach = min(MAX_WINDOW_STEPS, ANALYSIS_WINDOW_S / period) if period else MAX_WINDOW_STEPS
+        wanted = passes_to_keep(hello.passes, hello.step_count, reach)
         self._whole_passes = {
             start: self._whole_passes[start] for start, _ in wanted if start in self._whole_passes
         }
         self._to_keep = [(start, end) for start, end in wanted if start not in self._whole_passes]
-        self._keep_ended()
+        self._keep_ended(())
 
-    def _keep_ended(self) -> None:
-        """Keep the passes to keep whose steps are all here; an empty tuple for one that
-        ended but whose steps are not all here (tried once)."""
+    def _keep_ended(self, arriving: Sequence[StepRecord]) -> None:
+        """Keep the passes to keep that ended (their last step here or ``arriving``, not
+        yet in the log), in one walk back over both; None for one whose steps are not
+        all here (tried once)."""
         last = -1 if self.last_index is None else self.last_index
-        waiting = []
-        for start, end in self._to_keep:
-            if last < end - 1:
-                waiting.append((start, end))  # its last steps still to come
-                continue
-            found: list[StepRecord] = []
-            for record in reversed(self.steps):
-                if record.index < start:
-                    break
-                if record.index < end:
-                    found.append(record)
-            found.reverse()
-            whole = [r.index for r in found] == list(range(start, end))
-            self._whole_passes[start] = kept_steps(found) if whole else ()
-        self._to_keep = waiting
+        ended = [(start, end) for start, end in self._to_keep if end - 1 <= last]
+        if not ended:
+            return
+        self._to_keep = [pass_ for pass_ in self._to_keep if pass_ not in ended]
+        first = min(start for start, _ in ended)
+        found: dict[int, list[StepRecord]] = {start: [] for start, _ in ended}
+        starts = sorted(found)
+        for record in chain(reversed(arriving), reversed(self.steps)):
+            index = record.index
+            if index < first:
+                break
+            position = bisect_right(starts, index) - 1
+            if position >= 0:
+                found[starts[position]].append(record)
+        for start, end in ended:
+            records = [r for r in reversed(found[start]) if r.index < end]
+            fine = bool(records) and records[0].index == start
+            self._whole_passes[start] = whole_pass(records, end) if fine else None
 
     @property
-    def whole_passes(self) -> tuple[tuple[StepRecord, ...], ...]:
+    def whole_passes(self) -> tuple[WholePass, ...]:
         """The whole passes kept (see _keep_passes), oldest first."""
-        return tuple(whole for _, whole in sorted(self._whole_passes.items()) if whole)
+        return tuple(whole for _, whole in sorted(self._whole_passes.items()) if whole is not None)
 
     def add_loop(self, loop: Loop) -> None:
         self.loop = loop
@@ -292,10 +309,9 @@ class Run:
         self.total_steps = 0
         self.first_start = None
         self.samples_known = False
-        # Whole passes of loaders taking turns, by first step; () where tried and not
-        # all of its steps were here (see _keep_passes).
-        self._whole_passes = {}
+        self._whole_passes = {}  # see _keep_passes
         self._to_keep = []
+        self._passes_seen = None
         if self.hello is not None:
             self._keep_passes(self.hello)
 
@@ -333,10 +349,10 @@ class Run:
             # The rows when it has them: no StepRecord made for this.
             rows = accepted.rows if type(accepted) is StepRows else None
             self.samples_known = any(n is not None for n in map(_samples, rows or accepted))
+        if self._to_keep:  # before the log drops its oldest steps (extend, below)
+            self._keep_ended(accepted)
         steps = self.steps
         steps.extend(accepted, count)
-        if self._to_keep:  # before the oldest steps are dropped below
-            self._keep_ended()
         throughput = self.throughput
         last_end = throughput.last_end
         if last_end is not None:
