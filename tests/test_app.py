@@ -196,7 +196,7 @@ async def test_live_run_fills_every_panel() -> None:
         for part in ("● live", "resnet50 rank 0/8", "samples/s", "avg", "236 steps", "up 1m00s"):
             assert part in header
         graph = text(app.query_one(ThroughputGraph))
-        assert "wait 70 %" in graph
+        assert "wait now 70 %" in graph
         assert "compute 30 %" in graph
         assert "device busy 27 %" in graph
         assert "█" in graph

@@ -163,7 +163,7 @@ class ThroughputGraph(Panel):
             line.append(" (steps marked with probe.step)", self.style("panel--dim"))
         else:
             bar_width = max(6, min(32, width // 4))
-            line.append("wait ", self.style("graph--wait"))
+            line.append("wait now ", self.style("graph--wait"))  # the last 5 s (RATE_WINDOW_S)
             line.append(fmt_share(wait), self.style("graph--wait"))
             line.append(" ")
             line.append_text(
