@@ -146,9 +146,11 @@ def test_only_loaders_taking_turns_have_passes_kept() -> None:
     val, train = tuple(range(5, 400, 20)), tuple(range(0, 400, 20))
     many = (LoaderPasses(VAL, val), LoaderPasses(TRAIN, train))
     last = sorted(val + train)[-16:]
-    assert passes_to_keep(many, 400, reach=10) == list(pairwise(last))
-    # Where the analyzer's windows hold whole cycles (20 steps here), none.
-    assert passes_to_keep(many, 400) == []
+    assert passes_to_keep(many, 400) == list(pairwise(last))
+    # Where the analyzer's windows hold whole cycles (20 steps of 10 ms), none; of 1 s
+    # steps (20 s), they do not.
+    assert passes_to_keep(many, 400, 0.01) == []
+    assert passes_to_keep(many, 400, 1.0) == list(pairwise(last))
 
 
 # --- the viewer ---------------------------------------------------------------------------
@@ -318,3 +320,92 @@ def test_a_late_viewer_keeps_a_long_evaluation_its_replay_brings(lost: int) -> N
     (run,) = state._sources.values()
     assert [p.first.index for p in run.whole_passes] == [val[1]]
     assert run.whole_passes[0].others == 3999 - lost
+
+
+def judged_in(
+    order: list[tuple[int, int, float]], cycles_run: int, at: tuple[int, int], steps_held: int
+) -> Verdict:
+    """A run of ``cycles_run`` cycles of passes ``order`` (loader, steps, first wait):
+    the verdict over ``steps_held`` steps from the ``at[1]``-th step of the ``at[0]``-th
+    pass, with the passes a viewer keeps by then."""
+    steps, starts = sequence(order * cycles_run)
+    every = sorted((i, which) for which, each in enumerate(starts) for i in each)
+    first = every[at[0]][0] + at[1]
+    known = first + steps_held
+    infos = (TRAIN_KEPT, VAL_FORKED, replace(VAL, batch_size=4, persistent_workers=False))
+    waits = {s.index: s.wait_s for s in steps}
+    listed = []
+    for which, each in enumerate(starts):
+        began = tuple(i for i in each if i < known)[-16:]
+        if began:
+            listed.append(LoaderPasses(infos[which], began, tuple(waits[i] for i in began)))
+    passes = tuple(sorted(listed, key=lambda p: p.starts[-1]))
+    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
+    recent = [s for s in steps if s.index >= first][:steps_held]
+    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
+    return analyze(replace(w, whole_passes=kept(steps, passes, known)))
+
+
+def share_over_passes(v: Verdict) -> int | None:
+    found = re.search(r"data wait (\d+) % of the time over whole passes", v.headline)
+    return int(found.group(1)) if found else None
+
+
+EVERY_THIRD = [(0, 1000, 5.0), (0, 1000, 5.0), (0, 1000, 5.0), (1, 600, 5.0)]
+
+
+@pytest.mark.parametrize("which", [12, 13, 14, 16])
+def test_an_evaluation_every_third_epoch(which: int) -> None:
+    """Training passes of 1,000 steps and an evaluation of 600 every third one, 5 s
+    starts: a cycle loses 35.3 %. In the middle of every training pass the current
+    loader's own kept passes joined the cycle in place of its pass held: no verdict
+    over passes at all ("8 %, cause unknown")."""
+    v = judged_in(EVERY_THIRD, 5, (which, 500), 250)
+    assert share_over_passes(v) == 35, text(v)
+
+
+def test_a_loader_run_once_in_the_middle_is_left_behind() -> None:
+    """A training and two evaluations ("A B B", 40.7 %) with a test pass once, between
+    two cycles: once the order after it shows the cycle twice, the cycle again (it read
+    70 % over the two evaluations alone, then nothing while the test pass was listed)."""
+    order = [(0, 1500, 5.0), (1, 150, 4.0), (1, 150, 4.0)]
+    v = judged_in(order * 2 + [(2, 50, 1.0)] + order * 2, 1, (12, 10), 250)
+    assert share_over_passes(v) == 41, text(v)
+
+
+@pytest.mark.parametrize("after", [0, 1, 2, 3, 10])
+def test_a_pass_just_begun_does_not_move_the_share(after: int) -> None:
+    """The window's last steps the first ones of a pass (its first alone counted
+    unscaled: 74 % "over the last 2 passes" for 42 %); left out until it has steps
+    enough."""
+    steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
+    known = val[3] + after + 1
+    passes = listed(train, val, known)
+    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
+    recent = [s for s in steps if s.index < known][-250:]
+    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
+    v = analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    assert share_over_passes(v) == 42, text(v)
+
+
+def test_a_late_viewer_of_slow_steps_keeps_the_passes_of_its_replay() -> None:
+    """Training passes of 50 steps of 0.5 s and evaluations of 40 (2 s starts): a cycle
+    of 90 steps, which a window of 300 steps would hold, but not its 30 s. A late
+    viewer's first hello comes before any step: the step's length is the hello's, not
+    unknown (it kept nothing, and read "compute-bound (data wait 2 %)")."""
+    steps, (train, val) = sequence([(0, 50, 2.0), (1, 40, 2.0)] * 6, period=0.5)
+    at = train[4] + 20
+    now = steps[at - steps[0].index].end_time + 0.1
+    history = [s for s in steps if s.index <= at and s.end_time >= now - 120.0]
+    state = ViewerState("vm")
+    h = replace(
+        probe_hello(),
+        loader=TRAIN_KEPT,
+        passes=listed(tuple(train), tuple(val), at + 1, 2.0),
+        step_count=at + 1,
+        typical_period_s=0.5,
+    )
+    state.apply(received(h, now))
+    state.apply(received(Steps(SOURCE_ID, tuple(history), 0, 0), now))
+    (run,) = state._sources.values()
+    assert [p.first.index for p in run.whole_passes][-2:] == [train[3], val[3]]

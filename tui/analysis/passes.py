@@ -21,6 +21,7 @@ first wait. The headroom takes the first reference only: an upper bound.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from bisect import bisect_right
@@ -40,6 +41,7 @@ from gputop_dl.tui.analysis.thresholds import (
 REFERENCE_PERCENTILE = 0.9
 KEPT_LOST = 0.05  # a kept pass may miss this share of its other steps (messages lost)
 KEPT_STARTS = 16  # the whole passes a viewer keeps are among this many last starts
+CYCLE_EVIDENCE = 4  # passes that must repeat in order before a cycle is taken from them
 ROUNDS_WAIT_SHARE = 0.25  # other steps waiting this share of their period: rounds
 TORCH_PREFETCH_FACTOR = 2  # a DataLoader's default with workers
 
@@ -170,6 +172,15 @@ def pass_start_costs(
     if not tail:
         return None
     owner = _owners(passes)
+    # A pass begun with fewer than PASS_OTHER_STEPS steps after its first: its first
+    # step alone, unscaled, made the share jump at every start (74 % "over the last 2
+    # passes" for 42 %); its steps are left out as those of a start not yet listed.
+    newest = max((i for i in owner if i < known), default=None)
+    if newest is not None:
+        usual = _lengths(owner, known).get(owner[newest])
+        ran = tail[-1].index - newest  # its steps after the first
+        if ran < min(PASS_OTHER_STEPS, statistics.median(usual) - 1 if usual else math.inf):
+            known = newest
     lengths = _lengths(owner, known)
     kept = {whole.first.index: whole for whole in before}
     listed = sorted(i for i in owner if tail[0].index <= i < known)
@@ -184,12 +195,20 @@ def pass_start_costs(
     # A cycle of passes is held when each pass of it has its start among the steps
     # judged; the others, where the viewer kept them whole, complete it.
     cycle = _cycle(owner, listed[-1], kept, set(listed))
+    # The current loader's passes of the cycle that were not kept (longer than the
+    # viewer's log): its pass held stands for them.
+    first = next((s for s in judged if s.index == listed[-1]), None)
+    if cycle is not None and cycle[1] and first is None:
+        cycle = None
     if cycle is not None:
-        for which, group in cycle.items():
+        groups, missing = cycle
+        for which, group in groups.items():
             joined = loaders.setdefault(which, _Loader())
             joined.firsts += group.firsts
             joined.kept += group.kept
             judged += group.firsts
+        if first is not None:
+            loaders[owner[listed[-1]]].firsts += [first] * missing
     starts = _judged(loaders, passes, judged)
     if starts is None:
         return None
@@ -198,43 +217,59 @@ def pass_start_costs(
 
 def _cycle(
     owner: dict[int, int], current: int, kept: dict[int, WholePass], held: set[int]
-) -> dict[int, _Loader] | None:
+) -> tuple[dict[int, _Loader], int] | None:
     """The passes of the cycle that ends with the pass begun at ``current`` whose starts
-    are not in ``held``, from the whole passes the viewer kept, by loader. None where one
-    was not kept, or the cycle is not known yet."""
+    are not in ``held``, from the whole passes the viewer kept, by loader; and how many
+    of the current loader's were not kept (its pass held stands for them). None where
+    another loader's was not kept, or the cycle is not known yet."""
     since = _cycle_since(owner, current)
     if since is None:
         # A first pass of its loader: a cycle is not known yet where another loader's
         # pass ran before it and is not held (a first evaluation alone read "75 % of the
         # time over the last pass" after a training pass that lost 10 %).
-        return {} if all(i in held for i in owner if i < current) else None
+        return ({}, 0) if all(i in held for i in owner if i < current) else None
     cycle: dict[int, _Loader] = {}
+    missing = 0
     for start in sorted(i for i in owner if since < i < current and i not in held):
         whole = kept.get(start)
         if whole is None:
-            return None
+            if owner[start] != owner[current]:
+                return None
+            missing += 1
+            continue
         group = cycle.setdefault(owner[start], _Loader())
         group.firsts.append(whole.first)
         group.kept.append(whole)
-    return cycle
+    return cycle, missing
 
 
 def _cycle_since(owner: dict[int, int], current: int) -> int | None:
     """The start before the first pass of the cycle that ends with ``current``'s: the
-    passes of a run repeat in the order of their loaders (a training pass and one
-    evaluation, or two: "A B B A B B"), and a cycle is the shortest repetition the
-    listed starts show twice. Where they show none yet, the current loader's previous
-    start (None: it has none)."""
+    passes of a run repeat in the order of their loaders (a training pass and an
+    evaluation; or two evaluations, "A B B"; or an evaluation every third epoch,
+    "A A A B"), and a cycle is the repetition the last starts show longest, twice at
+    least, over all of them or CYCLE_EVIDENCE passes (the probe lists every loader's
+    starts from one horizon on: the order is whole). A loader run once in the middle (a
+    test pass) is left behind once the order after it shows the cycle; "A B B" is not
+    "B" repeating (the two evaluations alone read 70 % for 40.7 %). Where the order shows none yet,
+    all the listed passes (-1); None for the first pass of a loader after another's."""
     starts = sorted(i for i in owner if i <= current)
-    # Where every loader's listing reaches back (the hello lists each one's last few):
-    # a loader run twice a cycle lists half as many cycles.
-    since = max(min(i for i in starts if owner[i] == which) for which in {owner[i] for i in starts})
-    order = [owner[i] for i in starts if i >= since]
-    for period in range(1, len(order) // 2 + 1):
-        if all(order[k] == order[k - period] for k in range(period, len(order))):
-            return starts[-period - 1]
-    which = owner[current]
-    return max((i for i in starts if i < current and owner[i] == which), default=None)
+    order = [owner[i] for i in starts]
+    n = len(order)
+    best: tuple[int, int] | None = None  # (the periodic suffix's length, the period)
+    for period in range(1, n // 2 + 1):
+        k = n - 1
+        while k >= period and order[k] == order[k - period]:
+            k -= 1
+        suffix = n - 1 - k + period
+        shown = suffix >= 2 * period and (suffix == n or suffix >= CYCLE_EVIDENCE)
+        if shown and (best is None or suffix > best[0]):
+            best = (suffix, period)
+    if best is not None:
+        return starts[-best[1] - 1]
+    if order[-1] not in order[:-1]:
+        return None
+    return -1
 
 
 def _recalled(
@@ -265,6 +300,7 @@ def _recalled(
     cycle = _cycle(owner, current, kept, set())
     if cycle is None:
         return None  # loaders taking turns: the other passes of the cycle are not known
+    groups, missing = cycle
     if not lengths.get(which):
         return None  # no whole pass of it yet: its length is not known
     others = [s for s in tail if s.index < known and s.wait_s is not None]
@@ -297,10 +333,15 @@ def _recalled(
     # of 1,000-step passes after a 100-step one read 65 % over passes "of 230 steps".
     if others[-1].index - current + 1 > statistics.median(lengths[which]):
         return None
-    loaders = {which: _Loader([first], others, lengths[which], len(waits))}
+    # Its passes of the cycle not kept (longer than the viewer's log): one more each.
+    loaders = {which: _Loader([first] * (1 + missing), others, lengths[which], len(waits))}
     judged = [first, *others]
-    for other, group in cycle.items():
-        loaders[other] = replace(group, lengths=lengths.get(other, []))
+    for other, group in groups.items():
+        # (the current loader's kept passes of the cycle join its own group: an
+        # evaluation every third epoch, "A A A B", keeps two of its passes)
+        joined = loaders.setdefault(other, _Loader(lengths=lengths.get(other, [])))
+        joined.firsts += group.firsts
+        joined.kept += group.kept
         judged += group.firsts
     starts = _judged(loaders, passes, judged)
     if starts is None or not starts.whole:
@@ -388,7 +429,10 @@ def _judged(
 
 
 def passes_to_keep(
-    passes: Sequence[LoaderPasses], known: int, reach: float = MAX_WINDOW_STEPS
+    passes: Sequence[LoaderPasses],
+    known: int,
+    period_s: float | None = None,
+    window_s: float = 30.0,
 ) -> list[tuple[int, int]]:
     """The passes a viewer keeps once they ended, (first step, next pass's first step):
     where loaders take turns (a training's passes and an evaluation's), the whole ones
@@ -396,14 +440,18 @@ def passes_to_keep(
     steps held, the evaluation's passes that ran before it are the rest of the run's
     cycle (pass_start_costs); the viewer drops their steps after a minute. None where
     one loader runs (its starts' waits come with each hello), nor where a cycle of
-    passes (a pass of each loader, at its usual length) is within half the ``reach``
-    of the analyzer's window in steps: its windows hold whole cycles (a loop of short
-    passes would be summed a few times a second for nothing)."""
+    passes (a pass of each loader, at its usual length) is within a quarter of the
+    analyzer's window (MAX_WINDOW_STEPS, ``window_s``), in steps and in time at the
+    typical step ``period_s`` (its
+    windows hold whole cycles: a loop of short passes would be summed a few times a
+    second for nothing). Steps of different lengths in turn (training steps of 0.5 s,
+    evaluation steps of 0.15 s) leave a margin of four."""
     owner = _owners(passes)
     if len(set(owner.values())) < 2:
         return []
     lengths = _lengths(owner, known)
-    if sum(statistics.median(each) for each in lengths.values()) <= reach / 2:
+    cycle = sum(statistics.median(each) for each in lengths.values())
+    if cycle <= MAX_WINDOW_STEPS / 4 and period_s and cycle * period_s <= window_s / 4:
         return []
     starts = sorted(i for i in owner if i < known)[-KEPT_STARTS:]
     return list(pairwise(starts))

@@ -15,7 +15,6 @@ from gputop_dl.probe.messages import Bye, Hello, Loop, Stack, StepRecord, Steps
 from gputop_dl.probe.protocol import MICROS, StepRows, WireStep
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis.passes import WholePass, passes_to_keep, whole_pass
-from gputop_dl.tui.analysis.thresholds import MAX_WINDOW_STEPS
 from gputop_dl.tui.events import BadInput
 from gputop_dl.tui.state.clean import clean_text, evolve, new_steps
 from gputop_dl.tui.state.model import SAMPLES_UNIT, STEPS_UNIT, ThroughputPoint
@@ -172,12 +171,14 @@ class Run:
         if key == self._passes_seen:
             return
         self._passes_seen = key
-        # The analyzer's window: its last 300 steps of ANALYSIS_WINDOW_S at most.
-        period = self.typical_period()
-        reach = min(MAX_WINDOW_STEPS, ANALYSIS_WINDOW_S / period) if period else MAX_WINDOW_STEPS
-        wanted = passes_to_keep(hello.passes, hello.step_count, reach)
+        # The probe's typical step: the log is empty when a late viewer's first hello
+        # comes (its replay after it).
+        period = hello.typical_period_s or self.typical_period()
+        wanted = passes_to_keep(hello.passes, hello.step_count, period, ANALYSIS_WINDOW_S)
+        # Those kept stay while listed (the typical step may tell otherwise for a while).
+        listed = {start for p in hello.passes for start in p.starts}
         self._whole_passes = {
-            start: self._whole_passes[start] for start, _ in wanted if start in self._whole_passes
+            start: whole for start, whole in self._whole_passes.items() if start in listed
         }
         self._to_keep = [(start, end) for start, end in wanted if start not in self._whole_passes]
         self._keep_ended(())
