@@ -42,6 +42,7 @@ REFERENCE_PERCENTILE = 0.9
 KEPT_LOST = 0.05  # a kept pass may miss this share of its other steps (messages lost)
 KEPT_STARTS = 16  # the whole passes a viewer keeps are among this many last starts
 CYCLE_EVIDENCE = 4  # passes that must repeat in order before a cycle is taken from them
+CYCLE_ORDER = 64  # the last starts a cycle is looked for in (a probe lists ~16 a loader)
 ROUNDS_WAIT_SHARE = 0.25  # other steps waiting this share of their period: rounds
 TORCH_PREFETCH_FACTOR = 2  # a DataLoader's default with workers
 
@@ -253,7 +254,8 @@ def _cycle_since(owner: dict[int, int], current: int) -> int | None:
     test pass) is left behind once the order after it shows the cycle; "A B B" is not
     "B" repeating (the two evaluations alone read 70 % for 40.7 %). Where the order shows none yet,
     all the listed passes (-1); None for the first pass of a loader after another's."""
-    starts = sorted(i for i in owner if i <= current)
+    # (the last CYCLE_ORDER of them: a peer may list 64 starts for each of 8 loaders)
+    starts = sorted(i for i in owner if i <= current)[-CYCLE_ORDER:]
     order = [owner[i] for i in starts]
     n = len(order)
     best: tuple[int, int] | None = None  # (the periodic suffix's length, the period)
