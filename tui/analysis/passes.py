@@ -252,8 +252,9 @@ def _cycle_since(owner: dict[int, int], current: int) -> int | None:
     least, over all of them or CYCLE_EVIDENCE passes (the probe lists every loader's
     starts from one horizon on: the order is whole). A loader run once in the middle (a
     test pass) is left behind once the order after it shows the cycle; "A B B" is not
-    "B" repeating (the two evaluations alone read 70 % for 40.7 %). Where the order shows none yet,
-    all the listed passes (-1); None for the first pass of a loader after another's."""
+    "B" repeating (the two evaluations alone read 70 % for 40.7 %). Where the order
+    shows none yet, all the listed passes (-1); None for the first pass of a loader
+    after another's."""
     # (the last CYCLE_ORDER of them: a peer may list 64 starts for each of 8 loaders)
     starts = sorted(i for i in owner if i <= current)[-CYCLE_ORDER:]
     order = [owner[i] for i in starts]
@@ -444,10 +445,9 @@ def passes_to_keep(
     one loader runs (its starts' waits come with each hello), nor where a cycle of
     passes (a pass of each loader, at its usual length) is within a quarter of the
     analyzer's window (MAX_WINDOW_STEPS, ``window_s``), in steps and in time at the
-    typical step ``period_s`` (its
-    windows hold whole cycles: a loop of short passes would be summed a few times a
-    second for nothing). Steps of different lengths in turn (training steps of 0.5 s,
-    evaluation steps of 0.15 s) leave a margin of four."""
+    typical step ``period_s``: its windows hold whole cycles (a loop of short passes
+    would be summed a few times a second for nothing). A quarter: steps of different
+    lengths in turn (training steps of 0.5 s, evaluation steps of 0.15 s)."""
     owner = _owners(passes)
     if len(set(owner.values())) < 2:
         return []
