@@ -9,6 +9,7 @@ and "cause unknown": the evaluation's start, and its pass, were not among the st
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from itertools import pairwise
 
@@ -52,14 +53,32 @@ def kept(
     )
 
 
+def verdict(
+    steps: list[StepRecord],
+    passes: tuple[LoaderPasses, ...],
+    known: int,
+    recent: list[StepRecord],
+    whole: tuple[WholePass, ...] | None = None,
+) -> Verdict:
+    """The verdict over the steps ``recent``, the hello listing ``passes`` as of ``known``
+    steps, with the passes a viewer keeps by then (or ``whole``)."""
+    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
+    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
+    return analyze(replace(w, whole_passes=kept(steps, passes, known) if whole is None else whole))
+
+
 WHERE = ["in the training pass", "at the evaluation's start", "in the evaluation", "after it"]
 
 
-def turns_at(where: str) -> tuple[Window, list[StepRecord], tuple[LoaderPasses, ...], int]:
+def turns_at(
+    where: str,
+    whole: Callable[[tuple[LoaderPasses, ...], tuple[WholePass, ...]], tuple[WholePass, ...]]
+    | None = None,
+) -> Verdict:
     """Cycles of a 1,000-step training pass (workers kept, 5 s start) and a 300-step
     evaluation (workers forked again, 5 s), 12 ms steps waiting 1 ms but each pass's
-    first: a window of 250 steps ``where`` in the fourth cycle, and the hello's passes as
-    of its last step; the run's steps and that count."""
+    first: the verdict over a window of 250 steps ``where`` in the fourth cycle, with the
+    passes a viewer keeps (those ``whole`` picks of them, given the hello's passes)."""
     steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
     first = {
         "in the training pass": train[3] + 500,
@@ -69,18 +88,16 @@ def turns_at(where: str) -> tuple[Window, list[StepRecord], tuple[LoaderPasses, 
     }[where]
     known = first + 250
     passes = listed(train, val, known)
-    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
     recent = [s for s in steps if s.index >= first][:250]
-    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
-    return w, steps, passes, known
+    kept_now = kept(steps, passes, known)
+    return verdict(steps, passes, known, recent, whole(passes, kept_now) if whole else kept_now)
 
 
 @pytest.mark.parametrize("where", WHERE)
 def test_a_cycle_is_judged_with_the_passes_the_viewer_kept(where: str) -> None:
     """A cycle loses 42 % to waiting (11.3 s of 26.9 s). Wherever the window is, the
     headline is that share over whole passes, and the headroom the cycle's."""
-    w, steps, passes, known = turns_at(where)
-    v = analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    v = turns_at(where)
     share = re.search(r"data wait (\d+) % of the time over whole passes", v.headline)
     assert share is not None and 41 <= int(share.group(1)) <= 43, text(v)
     assert v.passes_share is not None and abs(v.passes_share - 11.298 / 26.898) < 0.01, v
@@ -100,11 +117,16 @@ def test_without_the_other_passes_the_window_keeps_its_share(where: str, own: bo
     33 % "over whole passes" in the training's, 60 % in the evaluation's). The cause,
     with the loader judged, stays, and a headroom from one loader's passes says whose
     they are (it read "+81 % (over whole passes)" for a cycle that would gain 45 %)."""
-    w, steps, passes, known = turns_at(where)
-    now = passes[-1].starts  # the loader whose pass began last
-    whole = tuple(p for p in kept(steps, passes, known) if own and p.first.index in now)
-    assert bool(whole) == own
-    v = analyze(replace(w, whole_passes=whole))
+
+    def own_only(
+        passes: tuple[LoaderPasses, ...], whole: tuple[WholePass, ...]
+    ) -> tuple[WholePass, ...]:
+        now = passes[-1].starts  # the loader whose pass began last
+        mine = tuple(p for p in whole if own and p.first.index in now)
+        assert bool(mine) == own
+        return mine
+
+    v = turns_at(where, own_only)
     assert "over whole passes" not in v.headline and "over the last" not in v.headline, text(v)
     assert v.passes_share is None, v
     if "without those waits" in (v.headroom or ""):  # one loader's passes: said so
@@ -217,12 +239,8 @@ def test_a_first_evaluation_after_a_training_pass_is_not_a_cycle() -> None:
     first = val[0] - 50
     known = first + 150
     passes = listed(train, val, known)
-    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
-    recent = [s for s in steps if s.index >= first][:150]
-    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
-    whole = kept(steps, passes, known)
-    assert [p.first.index for p in whole] == [train[0]]  # the training's pass, kept
-    v = analyze(replace(w, whole_passes=whole))
+    assert [p.first.index for p in kept(steps, passes, known)] == [train[0]]  # kept
+    v = verdict(steps, passes, known, [s for s in steps if s.index >= first][:150])
     assert "over the last pass" not in v.headline and "over whole" not in v.headline, text(v)
     assert v.passes_share is None, v
     # Nor the headroom (it read "+385 % (over the last pass: 508 samples/s)" for a cycle
@@ -290,10 +308,7 @@ def test_a_loader_run_twice_a_cycle(where: str) -> None:
     )
     passes = (LoaderPasses(p.loader, p.starts, p.waits[: len(p.starts)]) for p in passes)  # type: ignore[assignment]
     passes = tuple(sorted(passes, key=lambda p: p.starts[-1]))
-    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
-    recent = [s for s in steps if s.index >= first][:250]
-    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
-    v = analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    v = verdict(steps, passes, known, [s for s in steps if s.index >= first][:250])
     assert v.passes_share is not None and abs(v.passes_share - 14.797 / 36.397) < 0.01, text(v)
     assert "41 % of the time over whole passes" in v.headline, text(v)
 
@@ -340,10 +355,7 @@ def judged_in(
         if began:
             listed.append(LoaderPasses(infos[which], began, tuple(waits[i] for i in began)))
     passes = tuple(sorted(listed, key=lambda p: p.starts[-1]))
-    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
-    recent = [s for s in steps if s.index >= first][:steps_held]
-    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
-    return analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    return verdict(steps, passes, known, [s for s in steps if s.index >= first][:steps_held])
 
 
 def share_over_passes(v: Verdict) -> int | None:
@@ -381,10 +393,7 @@ def test_a_pass_just_begun_does_not_move_the_share(after: int) -> None:
     steps, train, val = cycles(5, 1000, 5.0, 300, 5.0)
     known = val[3] + after + 1
     passes = listed(train, val, known)
-    h = replace(hello(2, persistent=False), passes=passes, step_count=known)
-    recent = [s for s in steps if s.index < known][-250:]
-    w = window(recent, h=h, now=recent[-1].end_time, procs=processes(30.0, [5.0] * 2))
-    v = analyze(replace(w, whole_passes=kept(steps, passes, known)))
+    v = verdict(steps, passes, known, [s for s in steps if s.index < known][-250:])
     assert share_over_passes(v) == 42, text(v)
 
 

@@ -129,7 +129,7 @@ def whole_pass(steps: Sequence[StepRecord], end: int) -> WholePass | None:
     length = end - first.index
     if length < 1 or len(rest) < (1 - KEPT_LOST) * (length - 1):
         return None
-    waits = sorted(_wait(s) for s in rest)
+    waits = [_wait(s) for s in rest]
     counts = [s.samples for s in rest]
     idles = [s.device_idle_s for s in rest]
     return WholePass(
@@ -142,8 +142,13 @@ def whole_pass(steps: Sequence[StepRecord], end: int) -> WholePass | None:
         None
         if None in idles
         else sum(min(i or 0.0, s.period_s) for i, s in zip(idles, rest, strict=True)),
-        waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))] if waits else 0.0,
+        _typical_wait(waits) if waits else 0.0,
     )
+
+
+def _typical_wait(waits: list[float]) -> float:
+    """Their REFERENCE_PERCENTILE wait: what a batch waits anyway (non-empty)."""
+    return sorted(waits)[int(REFERENCE_PERCENTILE * (len(waits) - 1))]
 
 
 @dataclass
@@ -173,16 +178,16 @@ def pass_start_costs(
     if not tail:
         return None
     owner = _owners(passes)
+    lengths = _lengths(owner, known)
     # A pass begun with fewer than PASS_OTHER_STEPS steps after its first: its first
     # step alone, unscaled, made the share jump at every start (74 % "over the last 2
     # passes" for 42 %); its steps are left out as those of a start not yet listed.
     newest = max((i for i in owner if i < known), default=None)
     if newest is not None:
-        usual = _lengths(owner, known).get(owner[newest])
+        usual = lengths.get(owner[newest])
         ran = tail[-1].index - newest  # its steps after the first
         if ran < min(PASS_OTHER_STEPS, statistics.median(usual) - 1 if usual else math.inf):
             known = newest
-    lengths = _lengths(owner, known)
     kept = {whole.first.index: whole for whole in before}
     listed = sorted(i for i in owner if tail[0].index <= i < known)
     if not listed:
@@ -194,22 +199,15 @@ def pass_start_costs(
         group = loaders.setdefault(owner[start], _Loader())
         (group.firsts if step.index == start else group.others).append(step)
     # A cycle of passes is held when each pass of it has its start among the steps
-    # judged; the others, where the viewer kept them whole, complete it.
+    # judged; the others, where the viewer kept them whole, complete it, and the current
+    # loader's pass held stands for its own that were not kept (longer than the log).
     cycle = _cycle(owner, listed[-1], kept, set(listed))
-    # The current loader's passes of the cycle that were not kept (longer than the
-    # viewer's log): its pass held stands for them.
-    first = next((s for s in judged if s.index == listed[-1]), None)
-    if cycle is not None and cycle[1] and first is None:
-        cycle = None
+    current = loaders[owner[listed[-1]]]
+    if cycle is not None and cycle[1] and not current.firsts:
+        cycle = None  # (its first steps' waits not known)
     if cycle is not None:
-        groups, missing = cycle
-        for which, group in groups.items():
-            joined = loaders.setdefault(which, _Loader())
-            joined.firsts += group.firsts
-            joined.kept += group.kept
-            judged += group.firsts
-        if first is not None:
-            loaders[owner[listed[-1]]].firsts += [first] * missing
+        current.firsts += current.firsts[-1:] * cycle[1]
+        judged += _join_kept(loaders, owner, lengths, cycle[0])
     starts = _judged(loaders, passes, judged)
     if starts is None:
         return None
@@ -218,30 +216,44 @@ def pass_start_costs(
 
 def _cycle(
     owner: dict[int, int], current: int, kept: dict[int, WholePass], held: set[int]
-) -> tuple[dict[int, _Loader], int] | None:
+) -> tuple[list[WholePass], int] | None:
     """The passes of the cycle that ends with the pass begun at ``current`` whose starts
-    are not in ``held``, from the whole passes the viewer kept, by loader; and how many
-    of the current loader's were not kept (its pass held stands for them). None where
-    another loader's was not kept, or the cycle is not known yet."""
+    are not in ``held``, as the viewer kept them; and how many of the current loader's
+    were not kept (its pass held stands for them). None where another loader's was not
+    kept, or the cycle is not known yet."""
     since = _cycle_since(owner, current)
     if since is None:
         # A first pass of its loader: a cycle is not known yet where another loader's
         # pass ran before it and is not held (a first evaluation alone read "75 % of the
         # time over the last pass" after a training pass that lost 10 %).
-        return ({}, 0) if all(i in held for i in owner if i < current) else None
-    cycle: dict[int, _Loader] = {}
+        return ([], 0) if all(i in held for i in owner if i < current) else None
+    found: list[WholePass] = []
     missing = 0
     for start in sorted(i for i in owner if since < i < current and i not in held):
         whole = kept.get(start)
-        if whole is None:
-            if owner[start] != owner[current]:
-                return None
+        if whole is not None:
+            found.append(whole)
+        elif owner[start] == owner[current]:
             missing += 1
-            continue
-        group = cycle.setdefault(owner[start], _Loader())
+        else:
+            return None
+    return found, missing
+
+
+def _join_kept(
+    loaders: dict[int, _Loader],
+    owner: dict[int, int],
+    lengths: dict[int, list[int]],
+    kept: Sequence[WholePass],
+) -> list[StepRecord]:
+    """Add the whole passes ``kept`` to their loaders' groups (a loader's own kept passes
+    of the cycle join its pass held: "A A A B"); their first steps."""
+    for whole in kept:
+        which = owner[whole.first.index]
+        group = loaders.setdefault(which, _Loader(lengths=lengths.get(which, [])))
         group.firsts.append(whole.first)
         group.kept.append(whole)
-    return cycle, missing
+    return [whole.first for whole in kept]
 
 
 def _cycle_since(owner: dict[int, int], current: int) -> int | None:
@@ -303,7 +315,6 @@ def _recalled(
     cycle = _cycle(owner, current, kept, set())
     if cycle is None:
         return None  # loaders taking turns: the other passes of the cycle are not known
-    groups, missing = cycle
     if not lengths.get(which):
         return None  # no whole pass of it yet: its length is not known
     others = [s for s in tail if s.index < known and s.wait_s is not None]
@@ -337,15 +348,9 @@ def _recalled(
     if others[-1].index - current + 1 > statistics.median(lengths[which]):
         return None
     # Its passes of the cycle not kept (longer than the viewer's log): one more each.
+    kept_passes, missing = cycle
     loaders = {which: _Loader([first] * (1 + missing), others, lengths[which], len(waits))}
-    judged = [first, *others]
-    for other, group in groups.items():
-        # (the current loader's kept passes of the cycle join its own group: an
-        # evaluation every third epoch, "A A A B", keeps two of its passes)
-        joined = loaders.setdefault(other, _Loader(lengths=lengths.get(other, [])))
-        joined.firsts += group.firsts
-        joined.kept += group.kept
-        judged += group.firsts
+    judged = [first, *others, *_join_kept(loaders, owner, lengths, kept_passes)]
     starts = _judged(loaders, passes, judged)
     if starts is None or not starts.whole:
         return None  # the steps held are a whole pass's: no start left out to stand for
@@ -492,8 +497,7 @@ def _loader_costs(
     if not firsts or count < PASS_OTHER_STEPS:
         return None
     if others:
-        waits = sorted(_wait(s) for s in others)
-        typical = waits[int(REFERENCE_PERCENTILE * (len(waits) - 1))]
+        typical = _typical_wait([_wait(s) for s in others])
     else:  # whole passes kept: the least usual of theirs
         typical = max(whole.typical_wait_s for whole in kept)
     period = (sum(s.period_s for s in others) + sum(w.period_s for w in kept)) / count

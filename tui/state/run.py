@@ -188,24 +188,22 @@ class Run:
         yet in the log), in one walk back over both; None for one whose steps are not
         all here (tried once)."""
         last = -1 if self.last_index is None else self.last_index
-        ended = [(start, end) for start, end in self._to_keep if end - 1 <= last]
+        ended = sorted(p for p in self._to_keep if p[1] - 1 <= last)
         if not ended:
             return
-        self._to_keep = [pass_ for pass_ in self._to_keep if pass_ not in ended]
-        first = min(start for start, _ in ended)
-        found: dict[int, list[StepRecord]] = {start: [] for start, _ in ended}
-        starts = sorted(found)
+        self._to_keep = [p for p in self._to_keep if p[1] - 1 > last]
+        starts = [start for start, _ in ended]
+        found: list[list[StepRecord]] = [[] for _ in ended]  # newest first
         for record in chain(reversed(arriving), reversed(self.steps)):
-            index = record.index
-            if index < first:
+            if record.index < starts[0]:
                 break
-            position = bisect_right(starts, index) - 1
-            if position >= 0:
-                found[starts[position]].append(record)
-        for start, end in ended:
-            records = [r for r in reversed(found[start]) if r.index < end]
-            fine = bool(records) and records[0].index == start
-            self._whole_passes[start] = whole_pass(records, end) if fine else None
+            position = bisect_right(starts, record.index) - 1
+            if record.index < ended[position][1]:
+                found[position].append(record)
+        for (start, end), records in zip(ended, found, strict=True):
+            records.reverse()
+            whole = records and records[0].index == start
+            self._whole_passes[start] = whole_pass(records, end) if whole else None
 
     @property
     def whole_passes(self) -> tuple[WholePass, ...]:
