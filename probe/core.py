@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from itertools import repeat
 from operator import attrgetter, call
+from types import CodeType
 from typing import Any, NamedTuple, TypeVar
 
 from gputop_dl.probe import discovery, jobenv
@@ -113,6 +114,11 @@ WARN_EVERY_S = 60.0  # a persistent publisher error is logged once a minute, not
 # device_caught_up: the device reached the end-of-step event within this lag of the host
 # recording it (docs/protocol.md, "device_caught_up"; core.caught_up_at_start).
 CAUGHT_UP_TOLERANCE_S = 100e-6
+# A fetch of the outermost pass that has not returned for this long is looked at (at most
+# once per this period): one whose loader raised, where the training went on elsewhere
+# without asking again, is the loop left. A notebook keeps the traceback, and with it the
+# pass, after the cell failed; a script's `except` may log and do other work.
+LEFT_FETCH_S = 1.0
 CAUGHT_UP_TOLERANCE_FRACTION = 0.10
 
 
@@ -176,28 +182,53 @@ class Outside:
     stall. For loops timed with :meth:`Probe.step`, which no ``watch`` can tell this of;
     inside a watched loop's step it marks the same (that step then takes longer)."""
 
-    __slots__ = ("_previous", "_probe", "_what")
+    __slots__ = ("_declared", "_previous", "_probe", "_what")
 
     def __init__(self, probe: Probe, what: str) -> None:
         self._probe = probe
         self._what = str(what)[:MARK_MAX]
         self._previous: str | None = None
+        self._declared = 0
 
     def __enter__(self) -> Outside:
         p = self._probe
         if p.enabled:
             self._previous = p._loop
+            self._declared = p._declared_left
             p._mark_loop("outside", MARKED + self._what)
         return self
 
     def __exit__(self, *exc: object) -> None:
         p = self._probe
+        if p._declared_left != self._declared and not p._passes:
+            return  # its pass was left meanwhile (the loader raised): no loop to go back to
         if p.enabled and self._previous != "outside":  # nested: the outer one goes on
             p._mark_loop("in-loop", None)
             if p._last_mark is not None and p._open is None and p._segment is None:
                 # probe.step's next step starts here, not at the mark before: the time
                 # outside is in no step (nor in the run's rate, nor in its graph).
                 p._last_mark = time.perf_counter()
+
+
+class HeldPass:
+    """A watched pass, for the publisher: did its loader's last fetch raise, with the
+    training gone elsewhere without asking again? Then the pass is left: the loop is
+    shown as left ("it ended with ValueError") if no other pass is open, not as a fetch
+    that hangs ("stalled", critical) for as long as something keeps the pass, and a new
+    pass is not taken for a loop inside it.
+
+    ``left`` changes under ``Probe._loop_lock`` only."""
+
+    __slots__ = ("fetcher", "left", "raised", "raised_at")
+
+    def __init__(self, raised: list[str]) -> None:
+        # On the training thread's stack while a fetch of the pass's loader runs
+        # (stack.fetch_code); None: a C iterator, whose fetch shows no frame of its own:
+        # a fetch the clock never saw return is then never judged left.
+        self.fetcher: CodeType | None = None
+        self.raised = raised  # the watch loop's: how its last fetch raised, until asked again
+        self.raised_at = 0.0  # time.monotonic() of that raise
+        self.left = False  # the publisher saw the pass left
 
 
 _current: Probe | None = None
@@ -291,6 +322,12 @@ class Probe:
         # Loops entered and not yet left: only a loop that is alone is C-timed, so that
         # no other loop's steps take indices while a segment counts them.
         self._passes = 0
+        # Guards _passes and _open_passes against the publisher, which may declare a
+        # pass left (HeldPass); taken once a pass, never a step. Reentrant: a pass
+        # finalized by a collection that an allocation under it starts leaves there.
+        self._loop_lock = threading.RLock()
+        self._open_passes: list[HeldPass] = []  # the watched passes entered, not left
+        self._declared_left = 0  # passes the publisher declared left (Outside reads it)
         self._segments: deque[Segment] = deque()
         # Held by whoever pops from _segments: the training thread only tries it.
         self._segments_lock = threading.Lock()
@@ -329,6 +366,9 @@ class Probe:
 
         # Publisher-thread state: facts gathered off the training thread.
         self._awaiting_starts: set[int] = set()  # starts whose first step is not drained
+        # The outermost pass's fetch that has not returned: its segment, its readings'
+        # count, and when it was first (or last) seen so (_check_left_fetch).
+        self._fetch_seen: tuple[Segment, int, float] | None = None
         self._start_waits: dict[int, float] = {}  # a start's index -> its first step's wait
         self._affinity: tuple[int, ...] = ()
         self._quota: float | None = None
@@ -450,14 +490,19 @@ class Probe:
         framework: str | None,
         loader_key: Hashable = None,
         instance: object = None,
+        held: HeldPass | None = None,
     ) -> None:
         """Training thread, once per pass: store and flag (no I/O, never raises).
         ``loader_key``: what its loader is (``loader.identity``): its passes' starts are
         listed together, a training loader's apart from an evaluation loader's;
-        ``instance``: the loader object (``loader.unwrap``), to tell one built again."""
+        ``instance``: the loader object (``loader.unwrap``), to tell one built again;
+        ``held``: the pass, which the publisher may see left if it is the outermost."""
         now = time.time()
         self._train_thread = threading.get_ident()
-        self._passes += 1
+        with self._loop_lock:
+            self._passes += 1
+            if held is not None:
+                self._open_passes.append(held)
         outer = self._segment
         if outer is not None:  # a loop inside a C-timed one: its open step is dropped
             outer.gate.clear()  # the outer chain stops before its next clock reading
@@ -542,12 +587,24 @@ class Probe:
             known.move_to_end(loader_key)  # the loaders in use stay
         known[loader_key] = _Listed(starts, info, last, rebuilt)
 
-    def _loop_left(self, how: str) -> None:
+    def _loop_left(
+        self, how: str, held: HeldPass | None = None, segment: Segment | None = None
+    ) -> None:
         """Training thread: the loop ended ("exhausted", "break", "exception:<Type>").
-        A step left open (``break``, an exception) is dropped, not guessed."""
+        A step left open (``break``, an exception) is dropped, not guessed. ``held`` and
+        ``segment``: the pass and its running C-timed segment, if any."""
         now = time.time()
+        with self._loop_lock:
+            if held is not None and held.left:
+                # Counted as left when the publisher saw it (its fetch raised): another
+                # pass may run now, and its state is not this one's to change.
+                if segment is not None and self._segment is segment:
+                    self._end_segment(segment, close=False)
+                return
+            if held is not None and held in self._open_passes:
+                self._open_passes.remove(held)
+            self._passes = max(0, self._passes - 1)
         self._open = None
-        self._passes = max(0, self._passes - 1)
         if self._segment is not None:  # break or an exception inside a C-timed pass
             self._end_segment(self._segment, close=False)
         if self._passes:
@@ -557,6 +614,21 @@ class Probe:
             self._mark_loop("in-loop", None, now)
         else:
             self._mark_loop("outside", how, now)
+
+    def _rejoined(self, held: HeldPass) -> None:
+        """Training thread: it asked for the next batch after a fetch that raised. If the
+        publisher had declared the pass left meanwhile, it is entered again."""
+        with self._loop_lock:
+            if not held.left:
+                return
+            held.left = False
+            self._passes += 1
+            self._open_passes.append(held)
+            outer = self._segment  # (its own ended before it asked): another pass's
+            if outer is not None:  # as for a loop entered inside a C-timed one
+                outer.gate.clear()
+                self._end_segment(outer, close=False)
+            self._mark_loop("in-loop", None)
 
     def _index_now(self) -> int:
         """The open (or next) step's index, also while a segment times the loop."""
@@ -647,9 +719,12 @@ class Probe:
         if opened is not None:
             self._open = (opened[0], opened[1], as_count(samples), opened[3])
             return
-        if self._segment is not None:
-            self._count_fixes.append((self._index_now(), as_count(samples)))
-            return
+        segment = self._segment
+        if segment is not None:
+            if self._passes:
+                self._count_fixes.append((self._index_now(), as_count(samples)))
+                return
+            self._end_segment(segment, close=False)  # its pass was declared left
         now = time.perf_counter()
         if self._last_mark is not None:
             if self._timing_checks < 3:
@@ -888,6 +963,7 @@ class Probe:
                         self._refresh_device()
                     last_hello = now
                     send_hello()
+                self._check_left_fetch(now)
                 events = self._loop_events
                 for _ in range(len(events) - LOOP_MESSAGES_PER_FLUSH):
                     events.popleft()  # older changes, which viewers would only overwrite
@@ -967,6 +1043,65 @@ class Probe:
         # Give the I/O thread a moment to push the last frames out before closing.
         time.sleep(0.05)
         pub.close()
+
+    def _check_left_fetch(self, now: float) -> None:
+        """Publisher thread: a watched pass is left if its loader's last fetch raised and
+        the training has not asked again for LEFT_FETCH_S: the watch loop saw the raise,
+        or (the C-timed steps of a pass alone see none) a fetch the clock never saw
+        return has no frame of the loader on any thread's stack. ``now``:
+        time.monotonic()."""
+        opened = list(self._open_passes)  # one C call: the training thread may change it
+        for held in opened:
+            first = held.raised[:1]  # (the training thread may clear it meanwhile)
+            if first and not held.left and now - held.raised_at >= LEFT_FETCH_S:
+                self._declare_left(held, first[0], now - held.raised_at)
+        segment = self._segment
+        if len(opened) != 1 or segment is None or not segment.in_fetch():
+            self._fetch_seen = None
+            return
+        held = opened[0]
+        fetcher = held.fetcher
+        if fetcher is None or held.raised or held.left:
+            self._fetch_seen = None
+            return
+        readings = len(segment.stamps)
+        seen = self._fetch_seen
+        if seen is None or seen[0] is not segment or seen[1] != readings:
+            self._fetch_seen = (segment, readings, now)
+            return
+        if now - seen[2] < LEFT_FETCH_S:
+            return
+        self._fetch_seen = (segment, readings, now)  # looked at once per LEFT_FETCH_S
+        if stacks.fetch_under_way(fetcher) is not False:
+            return
+        # The C-timed chain handed the exception on: its type unseen.
+        since = (time.perf_counter_ns() - segment.stamps[-1]) / 1e9
+        self._declare_left(held, "exception", since, (segment, readings))
+
+    def _declare_left(
+        self, held: HeldPass, how: str, since: float, fetch: tuple[Segment, int] | None = None
+    ) -> None:
+        """Publisher thread: ``held`` is left, ``since`` seconds ago, if it still is as
+        seen: the training thread may have asked again meanwhile (once it takes the lock
+        to rejoin, it finds the pass left and enters it again). ``fetch``: the segment
+        and its count of readings, for a fetch the clock never saw return. The loop is
+        left if no other pass is open (an evaluation's loop inside the training's
+        leaves that one in it)."""
+        with self._loop_lock:
+            if held.left or held not in self._open_passes:
+                return
+            if fetch is None:
+                if not held.raised:
+                    return
+            elif self._segment is not fetch[0] or len(fetch[0].stamps) != fetch[1]:
+                return
+            held.left = True
+            self._open_passes.remove(held)
+            self._passes = max(0, self._passes - 1)
+            self._declared_left += 1
+            self._fetch_seen = None
+            if not self._passes:
+                self._mark_loop("outside", how, time.time() - max(0.0, since))
 
     def _drain(self, st: _DrainState, wall_offset: float, force: bool) -> Batch | None:
         """Turn what the training thread queued into wire steps (publisher thread): the

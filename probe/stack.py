@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
+from types import CodeType, FrameType, FunctionType, GeneratorType
 
 from gputop_dl.probe.messages import Frame, Stack
 
@@ -108,6 +108,45 @@ def capture(
         return (*frames_of(frame), runs_in(frame, WATCH_FILE))
     finally:
         del frame  # a frame reference keeps every local of that thread alive
+
+
+def fetch_code(iterator: object) -> CodeType | None:
+    """The code that is on a thread's stack for as long as a fetch from ``iterator``
+    runs: its generator's code, or its class's ``__next__`` where that is a plain Python
+    function (a torch DataLoader's iterator); None for an iterator in C (a list's,
+    ``map``), whose fetch leaves no frame of its own, or a ``__next__`` that is another
+    kind of callable (a proxy that retries around the function it wraps would be off
+    its frame while it waits)."""
+    if isinstance(iterator, GeneratorType):
+        return iterator.gi_code
+    for kind in type(iterator).__mro__:
+        method = vars(kind).get("__next__")
+        if method is not None:
+            return method.__code__ if type(method) is FunctionType else None
+    return None
+
+
+def fetch_under_way(
+    fetcher: CodeType,
+    current_frames: Callable[[], dict[int, FrameType]] = sys._current_frames,
+) -> bool:
+    """Whether a fetch may be under way: a frame of ``fetcher`` (see :func:`fetch_code`)
+    or of the watched loop is on any thread's stack (a pass's batches may be fetched by
+    a thread pool's threads, or by the training thread). False for a C-timed fetch whose
+    end the clock never read: the loader raised, and the training went on elsewhere
+    without asking again."""
+    frames = current_frames()
+    try:
+        for top in frames.values():
+            frame: FrameType | None = top
+            while frame is not None:
+                code = frame.f_code
+                if code is fetcher or code.co_filename == WATCH_FILE:
+                    return True
+                frame = frame.f_back
+        return False
+    finally:
+        del frames  # a frame reference keeps every local of its thread alive
 
 
 class StallWatch:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from itertools import repeat, starmap
 from operator import floordiv, itemgetter, length_hint, sub
 from time import perf_counter_ns
+from types import WrapperDescriptorType
 from typing import Any
 
 from gputop_dl.probe.protocol import (
@@ -39,6 +40,21 @@ from gputop_dl.probe.protocol import (
 CHUNK_STEPS = 1024
 _batch = itemgetter(3)  # (pull, gate, t0, batch, t1) -> batch
 _TRIES = 2**62  # Segment.pulls: more than any segment tries
+
+
+def fetches(iterator: Iterator[Any]) -> Iterator[Any]:
+    """``iterator``'s items, for a C iterator that takes it (``zip``, ``chain``): those
+    call ``iter()`` on what they are given once more, which a loop over the loader never
+    does. An iterator whose ``__iter__`` is not C's own may do more there than return
+    itself: a loader that is its own iterator restarts its pass (FastTensorDataLoader's
+    pattern: each segment of a watched pass began it again, a pass of 3,000 batches
+    never ended). Such an iterator's ``__next__`` is called directly instead (as the
+    interpreter calls it: the type's), which costs a torch DataLoader's ~3 instructions
+    a step (callgrind); one in C (a generator, a list's) is given as it is."""
+    kind = type(iterator)
+    if isinstance(getattr(kind, "__iter__", None), WrapperDescriptorType):
+        return iterator
+    return map(kind.__next__, repeat(iterator))
 
 
 class Segment:
@@ -117,7 +133,8 @@ class Segment:
         # The zip's tuple holds the step's batch until the next one is fetched, as a bare
         # loop's variable does: nothing here keeps a batch the loop has moved past
         # (itertools.tee, which fed a counter beside the loop, kept up to 56).
-        return map(_batch, zip(self.pulls, iter(self.gate), begin, iterator, end, strict=False))
+        fetch = fetches(iterator)
+        return map(_batch, zip(self.pulls, iter(self.gate), begin, fetch, end, strict=False))
 
     def run(self, upto: int) -> HostRun:
         """The steps ``taken`` to ``upto`` (complete ones) as a wire run: the readings'

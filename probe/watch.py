@@ -20,8 +20,9 @@ from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gputop_dl.probe import loader
-from gputop_dl.probe.core import as_count
-from gputop_dl.probe.stamps import Segment
+from gputop_dl.probe.core import HeldPass, as_count
+from gputop_dl.probe.stack import fetch_code
+from gputop_dl.probe.stamps import Segment, fetches
 
 if TYPE_CHECKING:
     from gputop_dl.probe.core import Probe
@@ -162,7 +163,7 @@ def _share(turns: _Turns) -> None:
     if turns.iterator is None:
         return  # iter() failed in the owner's thread: nothing to share
     # It ends with a mark: the chain asks again for every thread that finds it out.
-    turns.rest = chain(turns.iterator, map(_ran_out, repeat(turns.ended, 1)))
+    turns.rest = chain(fetches(turns.iterator), map(_ran_out, repeat(turns.ended, 1)))
     # The other thread may be inside the stretch the chain just let go of, or in the
     # loader's iterator: none of them is freed while the pass is held.
     turns.kept += (turns.current, turns.iterator, turns.rest)
@@ -268,6 +269,7 @@ class Watched(Generic[T]):
         # How the last fetch raised, until the training asks again (a counting stretch,
         # a generator of its own, notes it here too).
         raised: list[str] = []
+        held = HeldPass(raised)  # the publisher's view of this pass (a raise left pending)
         perf = time.perf_counter
         # A pass's first step waits from here: iter() of a DataLoader starts its workers
         # (a fork each, then their init), which is the loop's wait for data too.
@@ -281,20 +283,21 @@ class Watched(Generic[T]):
         key = loader.identity(instance)
         early = probe._passes == 0
         if early:
-            probe._loop_entered(None, self._framework, key, instance)
+            probe._loop_entered(None, self._framework, key, instance, held)
         try:
             iterator = iter(self._iterable)
         except BaseException as exc:
             if early:
-                probe._loop_left(f"exception:{type(exc).__name__}")
+                probe._loop_left(f"exception:{type(exc).__name__}", held)
             raise
         turns.iterator = iterator
+        held.fetcher = fetch_code(iterator)
         try:
             info = self._pass_info(iterator)
             if early:
                 probe._loop_described(info, key)
             else:
-                probe._loop_entered(info, self._framework, key, instance)
+                probe._loop_entered(info, self._framework, key, instance, held)
             pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
             count = self._count
             open_step = probe._open_step
@@ -321,6 +324,7 @@ class Watched(Generic[T]):
                     except StopIteration:
                         return  # exhausted
                     except BaseException as exc:  # the loader's: the training's to handle
+                        held.raised_at = time.monotonic()  # before the publisher sees it
                         raised.append(f"exception:{type(exc).__name__}")
                         stretch = _raising(exc)
                     else:
@@ -330,6 +334,7 @@ class Watched(Generic[T]):
                         yield stretch
                         stretch = None
                         raised.clear()  # asked again: the pass goes on
+                        probe._rejoined(held)
                         t0 = perf()
                         continue
                     t1 = perf()
@@ -387,7 +392,7 @@ class Watched(Generic[T]):
                     if segment.counts is None:  # counts from the plan: the chain is all
                         turns.current = segment.timed(iterator)
                     else:
-                        turns.current = self._counted(segment, iterator, raised)
+                        turns.current = self._counted(segment, iterator, held)
                     turns.segment = segment
                     yield turns.current
                     if segment.in_fetch():
@@ -401,6 +406,7 @@ class Watched(Generic[T]):
                     in_fetch = probe._end_segment(ended)  # its last fetch did not return
                     if raised or ended.fetch_raised():
                         raised.clear()  # it raised, and the training asked again
+                        probe._rejoined(held)
                         position += 1  # the batch that raised
                         break  # on in Python: the fetch after the one that raised
                     if in_fetch:
@@ -424,15 +430,15 @@ class Watched(Generic[T]):
             how = f"exception:{type(exc).__name__}"
             raise
         finally:
-            probe._loop_left(how)
+            probe._loop_left(how, held, segment)
 
-    def _counted(self, segment: Segment, iterator: Iterator[T], raised: list[str]) -> Iterator[T]:
+    def _counted(self, segment: Segment, iterator: Iterator[T], held: HeldPass) -> Iterator[T]:
         """A C-timed segment's batches, each counted here, in this frame, the way its
         loader's batches took so far (a tuple or list of arrays, or an array): no call a
         step (~500 instructions); any other batch, or one whose count raises, by the
         probe's counter, which never raises (bench/probe_instructions.py). (The counter's
         own fast way, loader.counting, is the same lines; it stays for the Python-timed
-        steps.) An exception of the loader's is noted in ``raised`` as it passes."""
+        steps.) An exception of the loader's is noted in ``held`` as it passes."""
         assert segment.counts is not None
         add_count = segment.counts.append
         count = self._count
@@ -462,7 +468,8 @@ class Watched(Generic[T]):
                     raise
         except BaseException as exc:
             if not closing:
-                raised.append(f"exception:{type(exc).__name__}")
+                held.raised_at = time.monotonic()  # before the publisher sees the raise
+                held.raised.append(f"exception:{type(exc).__name__}")
             raise
 
     def _plan(self) -> tuple[int, int, int] | None:

@@ -49,9 +49,9 @@ class Recording(probe.Probe):
         self.events.append(("entered", info))
         super()._loop_described(info, *rest)
 
-    def _loop_left(self, how: str) -> None:
+    def _loop_left(self, how: str, *rest: Any) -> None:
         self.events.append(("left", how))
-        super()._loop_left(how)
+        super()._loop_left(how, *rest)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ class Batches:
 n, alone, counts, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 p = probe.Probe(name="threads", system_interval_s=0)
 left = []
-p._loop_left = lambda how, left_=p._loop_left: (left.append(how), left_(how))
+p._loop_left = lambda how, *rest, left_=p._loop_left: (left.append(how), left_(how, *rest))
 samples = None if counts == "counted" else 1
 paired = threading.Barrier(2, timeout=20) if how == "lockstep" else None
 it = iter(p.watch(Batches(n, paired), samples=samples))
