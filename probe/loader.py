@@ -32,7 +32,7 @@ def _get(obj: Any, name: str) -> Any:
         return None
 
 
-def _is_torch_loader(cls: type) -> bool:
+def is_torch_loader(cls: type) -> bool:
     return any(
         c.__name__ in ("DataLoader", "StatefulDataLoader")
         and c.__module__.startswith(("torch.utils.data", "torchdata"))
@@ -98,7 +98,7 @@ def describe(iterable: Any, data_path: str | None = None) -> LoaderInfo:
     """
     inner, wrapper = unwrap(iterable)
     cls = type(inner)
-    if not _is_torch_loader(cls):
+    if not is_torch_loader(cls):
         return LoaderInfo(
             kind=cls.__name__,
             dataset_path=data_path or dataset_path(_get(inner, "dataset")),
@@ -215,7 +215,7 @@ def is_sharded(iterable: Any) -> bool | None:
     inner, wrapper = unwrap(iterable)
     if wrapper is not None and wrapper.startswith("accelerate"):
         return True  # accelerate shards through its batch sampler or dispatches
-    if not _is_torch_loader(type(inner)):
+    if not is_torch_loader(type(inner)):
         return None
     samplers = [_get(inner, "sampler"), _get(_get(inner, "batch_sampler"), "sampler")]
     names = {c.__name__ for s in samplers if s is not None for c in type(s).__mro__}

@@ -56,9 +56,24 @@ class _Pass(chain[T]):
     code that stops a loader's iterator early calls (torchdata's resume, ``closing()``).
     """
 
-    __slots__ = ("stretches", "turns")
+    __slots__ = ("loader", "stretches", "turns")
     stretches: Generator[Iterable[T], None, None]
     turns: _Turns  # holds what a thread may be inside while the pass is held
+    loader: Iterable[T]  # what the pass iterates
+
+    def __len__(self) -> int:
+        """The loader's iterator's length, as ``len(iter(loader))`` is (a torch
+        DataLoader's iterator has one: a progress bar's total; TypeError as its). Before
+        the pass's first batch made that iterator, a torch DataLoader's own length, which
+        its iterator's is; any other loader's is unknown then."""
+        iterator = self.turns.iterator
+        if iterator is not None:
+            return len(iterator)
+        if loader.is_torch_loader(type(self.loader)):
+            return len(self.loader)  # type: ignore[arg-type]
+        raise TypeError(
+            f"a pass over {type(self.loader).__name__!r} has no len() before its first batch"
+        )
 
     def close(self) -> None:
         """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
@@ -251,6 +266,7 @@ class Watched(Generic[T]):
         timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
         timed.turns = turns
+        timed.loader = self._iterable
         return timed
 
     def _stretches(self, turns: _Turns) -> Generator[Iterable[T], None, None]:

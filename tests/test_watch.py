@@ -98,6 +98,22 @@ def test_len_and_attributes_are_the_loaders(p: Recording) -> None:
         len(gen_watched)  # type: ignore[arg-type]
 
 
+def test_a_pass_has_its_iterators_len(p: Recording) -> None:
+    """``len(iter(loader))`` works on a torch DataLoader (a progress bar's total over
+    the iterator): a pass gave TypeError."""
+    base = tensor_loader(n=18, batch=4)
+    it: Any = iter(p.watch(base))
+    assert len(it) == len(iter(base)) == 5  # before its first batch
+    next(it)
+    assert len(it) == 5 and len(list(it)) == 4
+    with pytest.raises(TypeError):
+        len(iter(p.watch([1, 2, 3])))  # type: ignore[arg-type]  # as len(iter([1, 2, 3]))
+    listed: Any = iter(p.watch([1, 2, 3]))
+    next(listed)
+    with pytest.raises(TypeError):
+        len(listed)
+
+
 class StatefulLoader:
     """A loader with the epoch/state hooks frameworks call (set_epoch, state_dict)."""
 
