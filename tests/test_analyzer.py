@@ -26,6 +26,7 @@ from gputop_dl.probe.samples import (
     TrainingProcesses,
 )
 from gputop_dl.tui.analysis.causes import suggest_workers
+from gputop_dl.tui.analysis.thresholds import STACK_GRACE_S
 from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window, analyze
 from gputop_dl.tui.state.clean import evolve as replace
 
@@ -614,8 +615,13 @@ BOUNDARIES: dict[str, tuple[Callable[[], Window], str, str | None]] = {
         "compute-bound",
         "ok",
     ),
-    "no step for 10.1 s at 0.1 s steps: stalled": (
+    "no step for 10.1 s at 0.1 s steps, no stack yet: not stalled (it is on its way)": (
         lambda: window(make_steps(), now=T0 + 3.9 + 10.1),
+        "compute-bound",
+        "ok",
+    ),
+    "no step for 11.6 s at 0.1 s steps, no stack: stalled": (
+        lambda: window(make_steps(), now=T0 + 3.9 + 11.6),
         "stalled",
         "critical",
     ),
@@ -1122,7 +1128,8 @@ def test_stall_appears_at_once_and_clears_when_steps_resume() -> None:
 
     shown = simulate(profile, 45.0)
     stalled = [t for t, v in shown if v.kind == "stalled"]
-    assert stalled and min(stalled) <= 20.1 + 11  # minimum 10 s, plus the update tick
+    # minimum 10 s, plus the update tick, plus the wait for the probe's stack (none here)
+    assert stalled and min(stalled) <= 20.1 + 11 + STACK_GRACE_S
     assert max(stalled) < 20.1 + 15 + 1.01  # cleared by the first update after resuming
 
 
@@ -1398,7 +1405,7 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
     v = analyze(window(steps, h=marked, now=now))
     assert (v.kind, v.severity) == ("outside-loop", "info"), v
     assert v.headline == "Outside the training loop for 25 s: evaluation"
-    assert "the script marked it: probe.outside('evaluation')" in v.evidence[0]
+    assert "marked as left: probe.outside('evaluation')" in v.evidence[0]
 
 
 @pytest.mark.parametrize(

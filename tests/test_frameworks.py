@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from gputop_dl import probe
 from gputop_dl.probe import loader as loader_mod
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
-from torch.utils.data import DataLoader, IterableDataset, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
 
 from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
+from tests.test_probe import attached  # noqa: E402
 
 FRAMEWORKS = Path(__file__).parent / "frameworks"
 
@@ -124,6 +126,78 @@ def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
     timed = lightning_run(False, callbacks=(GputopCallback(),))
     assert timed == plain and p._index == 20
     assert p._framework == "lightning" and p._loop == "outside"  # type: ignore[attr-defined]
+
+
+class SlowItems(Dataset[Any]):
+    """Pairs that each take ``delay`` seconds to load: a validation that lasts."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.delay)
+        return torch.zeros(2), torch.zeros(1)
+
+
+def waits(p: probe.Probe, reader: Any) -> list[float]:
+    """The data wait of every step ``reader`` got from ``p``, which it closes."""
+    p.close()
+    reader.pump(1.0)
+    reader.close()
+    return [r["wait_s"] for r in reader.steps() if r["wait_s"] is not None]
+
+
+@pytest.mark.parametrize("interval", [0.5, 1.0], ids=["mid-epoch", "epoch-end"])
+def test_lightning_validation_inside_an_epoch_is_outside_the_loop(
+    interval: float, tmp_path: Path
+) -> None:
+    """Lightning validates inside the training epoch (before on_train_epoch_end, and
+    mid-epoch with val_check_interval): a 13 s validation read "Stalled [critical]",
+    and mid-epoch its time was the next step's data wait ("input-bound")."""
+    L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.lightning import GputopCallback
+
+    p = probe.Probe(name="pl-validation", system_interval_s=0, listen="tcp://127.0.0.1:*")
+    reader = attached(p)
+    states: list[tuple[str, str | None]] = []
+
+    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def validation_step(self, batch: Any, _i: int) -> None:
+            states.append((p._loop, p._loop_exit))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    try:
+        trainer = L.Trainer(
+            max_epochs=1,
+            callbacks=[GputopCallback(p)],
+            val_check_interval=interval,
+            num_sanity_val_steps=0,
+            **LIGHTNING_QUIET,
+        )
+        trainer.fit(
+            Model(),
+            DataLoader(dataset(40), batch_size=2),
+            DataLoader(SlowItems(8, 0.05), batch_size=2),
+        )
+        assert states and set(states) == {("outside", "marked:validation")}
+        assert p._loop == "outside" and p._loop_exit == "exhausted"
+        steps = waits(p, reader)
+        assert len(steps) == 20 and max(steps) < 0.2  # 0.4 s of validation in no step
+    finally:
+        p.close()
 
 
 def test_lightning_ddp_each_rank_keeps_its_own_shard(tmp_path: Path) -> None:
@@ -225,6 +299,61 @@ def test_hf_callback_times_every_step(p: probe.Probe, tmp_path: Path) -> None:
     assert p._framework == "transformers"  # type: ignore[attr-defined]
     info = p._loader_info
     assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
+
+
+def test_hf_evaluation_and_checkpoint_inside_an_epoch_are_outside_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The HF Trainer evaluates and saves after a step's end, inside the epoch (an
+    evaluation strategy of "steps"): that time was the next step's data wait, and a
+    stall once it lasted 10 s."""
+    transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.transformers import GputopCallback
+
+    p = probe.Probe(name="hf-evaluation", system_interval_s=0, listen="tcp://127.0.0.1:*")
+    reader = attached(p)
+    states: list[tuple[str, str | None]] = []
+
+    class Evaluated(Regressor):
+        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+            if not self.training:
+                states.append((p._loop, p._loop_exit))
+            return super().forward(x, labels)
+
+    class SavedSlowly(transformers.TrainerCallback):  # type: ignore[misc,name-defined]
+        def on_save(self, *args: Any, **kwargs: Any) -> None:
+            states.append(("saving", p._loop_exit))
+
+    try:
+        transformers.set_seed(0)
+        args = hf_quiet_args(
+            transformers,
+            str(tmp_path / "hf"),
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=2,
+            num_train_epochs=1,
+            eval_strategy="steps",
+            eval_steps=2,
+        )
+        args.save_strategy = transformers.IntervalStrategy.STEPS
+        args.save_steps = 4
+        trainer = transformers.Trainer(
+            model=Evaluated(),
+            args=args,
+            train_dataset=DictData(dataset(20)),
+            eval_dataset=DictData(SlowItems(4, 0.05)),
+            callbacks=[SavedSlowly(), GputopCallback(p)],
+        )
+        trainer.train()
+        assert ("outside", "marked:evaluation") in states
+        assert {s for s in states if s[0] != "saving"} == {("outside", "marked:evaluation")}
+        assert ("saving", "marked:checkpoint") in states  # (called before ours)
+        assert p._loop == "outside"
+        steps = waits(p, reader)
+        assert len(steps) == 5 and max(steps) < 0.1  # 0.2 s evaluations in no step
+    finally:
+        p.close()
 
 
 # ------------------------------------------------------------------ accelerate

@@ -309,6 +309,71 @@ def test_a_stall_in_the_loaders_next_says_the_loop_waits_for_a_batch() -> None:
     assert body.headline.startswith("Stalled: no step for")
 
 
+SITE = "/usr/lib/python3.11/site-packages/"
+MODULE = Frame(SITE + "torch/nn/modules/module.py", 1, "Module._call_impl", "x")
+AWAY_CASES = {
+    "Lightning's validation, watch()": (
+        (
+            MODULE,
+            Frame(
+                SITE + "lightning/pytorch/loops/evaluation_loop.py", 1, "_EvaluationLoop.run", "x"
+            ),
+        ),
+        "Lightning's validation",
+    ),
+    "Lightning 1.x's": (
+        (Frame(SITE + "pytorch_lightning/loops/evaluation_loop.py", 1, "run", "x"),),
+        "Lightning's validation",
+    ),
+    "Lightning's checkpoint": (
+        (
+            Frame(
+                SITE + "lightning/pytorch/callbacks/model_checkpoint.py",
+                1,
+                "ModelCheckpoint._save_checkpoint",
+                "x",
+            ),
+        ),
+        "Lightning's checkpoint",
+    ),
+    "the HF Trainer's evaluation": (
+        (MODULE, Frame(SITE + "transformers/trainer.py", 1, "Trainer.evaluation_loop", "x")),
+        "the HF Trainer's evaluation",
+    ),
+    "the HF Trainer's checkpoint": (
+        (Frame(SITE + "transformers/trainer.py", 1, "Trainer._save_checkpoint", "x"),),
+        "the HF Trainer's checkpoint",
+    ),
+    "the HF Trainer's training step: stuck": (
+        (MODULE, Frame(SITE + "transformers/trainer.py", 1, "Trainer.training_step", "x")),
+        None,
+    ),
+    "a user's evaluation_loop.py: stuck": (
+        (Frame("/home/u/evaluation_loop.py", 1, "run", "x"),),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(("frames", "what"), AWAY_CASES.values(), ids=AWAY_CASES.keys())
+def test_a_stall_in_a_frameworks_evaluation_is_the_loop_left(
+    frames: tuple[Frame, ...], what: str | None
+) -> None:
+    """Lightning validates inside its training epoch, where a pass that `watch` times
+    stays open; the HF Trainer evaluates and saves between two steps: 13 s of it read
+    "Stalled [critical]"."""
+    verdict = analyze(Window(T0 + 60, steps(), (), hello(), stack(*frames), None))
+    if what is None:
+        assert (verdict.kind, verdict.severity) == ("stalled", "critical")
+        return
+    assert (verdict.kind, verdict.severity) == ("outside-loop", "info")
+    assert verdict.headline == f"Outside the training loop for 59 s: {what} (the probe's stack)"
+    assert f"the training thread is in {what}: at " in verdict.evidence[0]
+    # Inside the watched loader's fetch (the probe's fact): the loader, not the framework.
+    fetching = analyze(Window(T0 + 60, steps(), (), hello(), stack(*frames, fetching=True), None))
+    assert fetching.kind == "stalled"
+
+
 def test_the_viewer_keeps_the_newest_stack_cleaned() -> None:
     state = ViewerState("h", pid_alive=False)
     dirty = Frame("/t/x.py", 3, "f\x1b[2J", "sleep()\x07")

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from gputop_dl.probe.messages import MARKED, Hello, LoaderInfo, Stack, StepRecord
+from gputop_dl.probe.messages import MARKED, Frame, Hello, LoaderInfo, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import (
@@ -52,8 +52,10 @@ from gputop_dl.tui.analysis.steps import (
 from gputop_dl.tui.analysis.stuck import (
     Ptrace,
     current,
+    framework_away,
     pyspy_advice,
     stack_evidence,
+    where,
     workers_pyspy_advice,
 )
 from gputop_dl.tui.analysis.thresholds import (
@@ -91,6 +93,7 @@ from gputop_dl.tui.analysis.thresholds import (
     PROCESS_SATURATED_PCT,
     SKIP_FIRST_STEPS,
     STABLE_WINDOW_S,
+    STACK_GRACE_S,
     STALL_FACTOR,
     STALL_MIN_S,
     STALL_TYPICAL_STEPS,
@@ -469,7 +472,9 @@ _LEFT_BY = {
 
 def _left_by(how: str) -> str:
     if how.startswith(MARKED):
-        return f"the script marked it: probe.outside({how.removeprefix(MARKED)!r})"
+        # probe.outside() in the script, or a framework callback's (Lightning's
+        # validation, the HF Trainer's evaluation or checkpoint inside an epoch)
+        return f"marked as left: probe.outside({how.removeprefix(MARKED)!r})"
     return _LEFT_BY.get(how, how)
 
 
@@ -581,6 +586,12 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     if state:
         evidence.append(state)
     stack = current(window.stack, last_index)
+    if stack is not None and not stack.fetching:
+        away = framework_away(stack)
+        if away is not None:
+            return _away(gap, away, state)
+    elif stack is None and gap <= limit + STACK_GRACE_S and hello is not None:
+        return None  # the probe's stack is on its way: it may show the loop was left
     if stack is not None:
         evidence.extend(stack_evidence(stack))
     pid = window.hello.pid if window.hello is not None else None
@@ -619,6 +630,27 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         evidence=tuple(evidence),
         advice=advice,
         conditions=("stalled",),
+    )
+
+
+def _away(gap: float, away: tuple[str, Frame], state: str | None) -> Verdict:
+    """No step for longer than a stall, the training thread in its framework's own
+    evaluation or checkpoint code (the probe's stack): away from the loop, not stuck."""
+    what, frame = away
+    evidence = [f"no step for {fmt.dur(gap)}; the training thread is in {what}: at {where(frame)}"]
+    if state:
+        evidence.append(state)
+    return Verdict(
+        "outside-loop",
+        "info",
+        1.0,
+        f"Outside the training loop for {fmt.dur(gap)}: {what} (the probe's stack)",
+        evidence=tuple(evidence),
+        advice=(
+            "steps resume when it ends; with gputop's callback for the framework the probe "
+            "says so itself, from its hooks",
+        ),
+        conditions=("outside-loop",),
     )
 
 

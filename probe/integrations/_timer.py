@@ -44,6 +44,7 @@ class HookTimer:
         self._given = probe
         self._t_prev: float | None = None
         self.phases = PhaseClock()
+        self._away: Any = None  # the probe's Outside while the framework is away
 
     def _probe(self) -> Any:
         if self._given is None:
@@ -77,11 +78,31 @@ class HookTimer:
         p._loop_entered(info, framework, key, instance)
         self._t_prev = time.perf_counter()
 
+    def away(self, what: str) -> None:
+        """The framework left its training loop inside the epoch (a validation, an
+        evaluation, a checkpoint): viewers show "outside the training loop: <what>", not
+        a stall once it lasts, and its time is in no step (it was the next step's wait:
+        "input-bound"). Until :meth:`back`, or the next batch."""
+        p = self._probe()
+        if p.enabled and self._t_prev is not None and self._away is None:
+            self._away = p.outside(what)
+            self._away.__enter__()
+
+    def back(self) -> None:
+        """Back in the training loop: the next step's wait starts now."""
+        away, self._away = self._away, None
+        if away is not None:
+            away.__exit__(None, None, None)
+            self._t_prev = time.perf_counter()
+
     def batch_start(self, batch: Any, phase: str | None = None) -> None:
         """The batch arrived; ``phase``: the phase it starts with (e.g. "forward")."""
         p = self._probe()
         if not p.enabled or self._t_prev is None:
             return
+        if self._away is not None:  # no hook said it was back: from here on, a step
+            away, self._away = self._away, None
+            away.__exit__(None, None, None)
         now = time.perf_counter()
         try:
             n = loader.infer_samples(batch)
@@ -108,6 +129,7 @@ class HookTimer:
 
     def epoch_end(self, how: str = "exhausted") -> None:
         p = self._probe()
+        self.back()
         if p.enabled and self._t_prev is not None:
             p._loop_left(how)
         self._t_prev = None

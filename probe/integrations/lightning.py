@@ -49,6 +49,14 @@ class GputopCallback(Callback):
     ) -> None:
         self._timer.batch_end()
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        # Inside the training epoch (val_check_interval, or the epoch's end: Lightning
+        # validates before on_train_epoch_end): a 13 s validation read "Stalled".
+        self._timer.away("validation")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._timer.back()
+
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._timer.epoch_end()
 

@@ -44,6 +44,23 @@ class GputopCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.batch_end()
+        # The Trainer evaluates and saves after this event, inside the epoch (an
+        # evaluation strategy of "steps"): away, not the next step's wait or a stall.
+        # Its flags are set by now (DefaultFlowCallback's on_step_end runs first).
+        self._away_for(control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timer.back()
+        self._away_for(control, evaluated=True)  # a checkpoint may follow
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timer.back()
+
+    def _away_for(self, control: Any, evaluated: bool = False) -> None:
+        if not evaluated and getattr(control, "should_evaluate", False) is True:
+            self._timer.away("evaluation")
+        elif getattr(control, "should_save", False) is True:
+            self._timer.away("checkpoint")
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.epoch_end()

@@ -37,6 +37,40 @@ def where(frame: Frame) -> str:
     return f"{path}:{frame.line} in {frame.function}(){code}"
 
 
+# A framework's own evaluation or checkpoint code (file, qualified functions or None for
+# any, what it is): a training thread found there after no step for a while is away
+# from its loop, not stuck inside a step. Lightning validates inside the training epoch
+# (before on_train_epoch_end, and mid-epoch with val_check_interval); the HF Trainer
+# evaluates and saves between two steps; a loader that `watch` times sees neither.
+AWAY_FRAMES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
+    ("lightning/pytorch/loops/evaluation_loop.py", None, "Lightning's validation"),
+    ("pytorch_lightning/loops/evaluation_loop.py", None, "Lightning's validation"),
+    ("lightning/pytorch/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
+    ("pytorch_lightning/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
+    (
+        "transformers/trainer.py",
+        frozenset({"Trainer.evaluate", "Trainer.evaluation_loop", "Trainer.prediction_loop"}),
+        "the HF Trainer's evaluation",
+    ),
+    (
+        "transformers/trainer.py",
+        frozenset({"Trainer._save_checkpoint", "Trainer.save_model"}),
+        "the HF Trainer's checkpoint",
+    ),
+)
+
+
+def framework_away(stack: Stack) -> tuple[str, Frame] | None:
+    """What framework code the stack is in, away from the training loop, and its frame
+    (the innermost such one); None if none of its frames is (only the innermost 32 are
+    sent: a deeper evaluation frame goes unseen)."""
+    for frame in stack.frames:
+        for path, functions, what in AWAY_FRAMES:
+            if frame.file.endswith(path) and (functions is None or frame.function in functions):
+                return what, frame
+    return None
+
+
 def current(stack: Stack | None, last_index: int | None) -> Stack | None:
     """``stack`` if it belongs to the stall in progress (no step ended after it)."""
     if stack is None or (last_index is not None and last_index >= stack.step_index):

@@ -55,6 +55,10 @@ SMALL_WAIT_SHARE = 0.05  # a step waiting under 5 % of its period for data is no
 # --- stall --------------------------------------------------------------------------------
 STALL_FACTOR = 5.0  # no step for 5 typical periods ...
 STALL_MIN_S = 10.0  # ... and at least 10 s (flush latency, epoch ends, short hiccups)
+# The probe takes the training thread's stack at the same threshold, at its next wake-up
+# (0.5 s at most): a viewer waits this long for it before it says "stalled" (the stack
+# may show the loop left: a framework's validation, not a hang).
+STACK_GRACE_S = 1.5
 STALL_TYPICAL_STEPS = 30  # typical period = median of the last 30 steps
 # Before a typical step is known (fewer than MIN_STEPS): no step for this long in the
 # loop is a warning, not a stall: a first step may take minutes (torch.compile, NCCL or
