@@ -3,10 +3,12 @@ reading a file (it runs on the training thread, once per epoch)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Hashable
 from dataclasses import replace
+from types import GeneratorType
 from typing import Any, TypeVar
 
 from gputop_dl.probe.messages import LoaderInfo
@@ -38,6 +40,13 @@ def is_torch_loader(cls: type) -> bool:
         and c.__module__.startswith(("torch.utils.data", "torchdata"))
         for c in cls.__mro__
     )
+
+
+def map_style(dataloader: Any) -> bool:
+    """Whether a torch DataLoader reads a map-style dataset (its iterator's length is
+    its own then; over an IterableDataset, len() of its iterator raises)."""
+    kind = _get(dataloader, "_dataset_kind")
+    return isinstance(kind, int) and kind == 0  # torch's _DatasetKind.Map
 
 
 def unwrap(iterable: Any) -> tuple[Any, str | None]:
@@ -179,9 +188,11 @@ def worker_pids(iterator: Any, iterable: Any = None) -> tuple[int, ...]:
     persistent iterator of the loader or of the loader inside its wrappers.
     """
     candidates = [iterator]
-    frame = _get(iterator, "gi_frame")
-    if frame is not None:
-        candidates.extend(frame.f_locals.values())
+    if isinstance(iterator, GeneratorType) and iterator.gi_frame is not None:
+        # Its locals as the collector sees them: reading ``gi_frame.f_locals`` stores a
+        # copy of them in the frame for its life (Python 3.11), which kept accelerate's
+        # first two batches (on the device) until the pass ended.
+        candidates.extend(gc.get_referents(iterator))
     if iterable is not None:
         inner, _ = unwrap(iterable)
         candidates.extend((_get(iterable, "_iterator"), _get(inner, "_iterator")))

@@ -64,16 +64,27 @@ class _Pass(chain[T]):
     def __len__(self) -> int:
         """The loader's iterator's length, as ``len(iter(loader))`` is (a torch
         DataLoader's iterator has one: a progress bar's total; TypeError as its). Before
-        the pass's first batch made that iterator, a torch DataLoader's own length, which
-        its iterator's is; any other loader's is unknown then."""
+        the pass's first batch made that iterator, a torch DataLoader's own length over a
+        map-style dataset, which its iterator's is; any other's is unknown then."""
         iterator = self.turns.iterator
         if iterator is not None:
             return len(iterator)
-        if loader.is_torch_loader(type(self.loader)):
+        if loader.is_torch_loader(type(self.loader)) and loader.map_style(self.loader):
             return len(self.loader)  # type: ignore[arg-type]
         raise TypeError(
             f"a pass over {type(self.loader).__name__!r} has no len() before its first batch"
         )
+
+    def __bool__(self) -> bool:
+        """True, as an iterator is, or its loader's iterator's truth (one with a length:
+        false when empty); ``bool()`` would otherwise take ``__len__``'s TypeError."""
+        iterator = self.turns.iterator
+        if iterator is not None:
+            return bool(iterator)
+        try:
+            return len(self) > 0
+        except TypeError:
+            return True
 
     def close(self) -> None:
         """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
@@ -235,8 +246,25 @@ class Watched(Generic[T]):
             raise AttributeError(name)
         return getattr(self._iterable, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The training's settings reach the loader (`loader.epoch = e` before a pass: a
+        # loader that shuffles by it gave every epoch the same order when watched).
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._iterable, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self._iterable, name)
+
     def __len__(self) -> int:
         return len(self._iterable)  # type: ignore[arg-type]  # TypeError, as the loader's
+
+    def __bool__(self) -> bool:
+        return bool(self._iterable)  # (not len(): a generator is true, and has none)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Spawned workers, ddp_spawn: the loader plus options; the other side re-attaches
@@ -333,6 +361,7 @@ class Watched(Generic[T]):
             position = 0  # the loader's batch position: batches passed on, and fetches that raised
             checked = False  # the first batch's count held against the plan
             stretch: Iterator[Any] | None
+            batch: Any
             while True:  # Python-timed steps, then C-timed ones while this loop is alone
                 while True:
                     try:
@@ -381,6 +410,7 @@ class Watched(Generic[T]):
                         _late_pids(probe, info, iterator)
                     yield (batch,)
                     t_next = perf()
+                    batch = None  # not held through the next fetch (the loop may drop it)
                     opened = probe._open
                     if opened is not None:  # else a nested watched loop closed it
                         if not fast:
@@ -482,6 +512,7 @@ class Watched(Generic[T]):
                 except GeneratorExit:  # the pass let go of (not the loader's)
                     closing = True
                     raise
+                item = array = None  # not held through the next fetch (the loop may drop it)
         except BaseException as exc:
             if not closing:
                 held.raised_at = time.monotonic()  # before the publisher sees the raise
