@@ -512,7 +512,6 @@ class Watched(Generic[T]):
                 except GeneratorExit:  # the pass let go of (not the loader's)
                     closing = True
                     raise
-                item = array = None  # not held through the next fetch (the loop may drop it)
         except BaseException as exc:
             if not closing:
                 held.raised_at = time.monotonic()  # before the publisher sees the raise
