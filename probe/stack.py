@@ -61,28 +61,72 @@ def cut_tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# A framework's own evaluation or checkpoint code (file, qualified functions or None for
+# any, what it is): a training thread found there after no step for a while is away
+# from its loop, not stuck inside a step. Lightning validates inside the training epoch
+# (before on_train_epoch_end, and mid-epoch with val_check_interval); the HF Trainer
+# evaluates and saves between two steps; a loader that `watch` times sees neither. The
+# viewer names it (tui/analysis/stuck.py); the probe keeps such frames however deep.
+AWAY_FRAMES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
+    ("lightning/pytorch/loops/evaluation_loop.py", None, "Lightning's validation"),
+    ("pytorch_lightning/loops/evaluation_loop.py", None, "Lightning's validation"),
+    ("lightning/pytorch/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
+    ("pytorch_lightning/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
+    (
+        "transformers/trainer.py",
+        frozenset({"Trainer.evaluate", "Trainer.evaluation_loop", "Trainer.prediction_loop"}),
+        "the HF Trainer's evaluation",
+    ),
+    (
+        "transformers/trainer.py",
+        frozenset({"Trainer._save_checkpoint", "Trainer.save_model"}),
+        "the HF Trainer's checkpoint",
+    ),
+)
+KEPT_AWAY = 2  # such frames kept past the innermost ones (a model's forward is deep)
+
+
+def away_in(file: str, function: str) -> str | None:
+    """The framework code a frame of ``file`` running ``function`` (qualified) is in,
+    away from the training loop (AWAY_FRAMES); None if it is none of it."""
+    for path, functions, what in AWAY_FRAMES:
+        if file.endswith(path) and (functions is None or function in functions):
+            return what
+    return None
+
+
 def frames_of(frame: FrameType | None, limit: int = MAX_FRAMES) -> tuple[tuple[Frame, ...], int]:
     """The innermost ``limit`` frames from ``frame`` outwards (innermost first), and how
-    many outer frames were left out."""
-    out: list[Frame] = []
-    left_out = 0
+    many outer frames were left out. A frame of a framework's evaluation or checkpoint
+    code beyond them takes the place of one of the outermost kept (at most KEPT_AWAY):
+    inside a deep model's forward, Lightning's evaluation loop is 28-31 frames deep."""
+    chain: list[FrameType] = []
     while frame is not None:
-        if len(out) < limit:
-            code = frame.f_code
-            line = frame.f_lineno or 0
-            text = linecache.getline(code.co_filename, line).strip() if line else ""
-            out.append(
-                Frame(
-                    file=cut_head(code.co_filename, MAX_FILE),
-                    line=max(0, line),
-                    function=cut_tail(getattr(code, "co_qualname", code.co_name), MAX_FUNCTION),
-                    code=cut_tail(text, MAX_CODE) or None,
-                )
-            )
-        else:
-            left_out += 1
+        chain.append(frame)
         frame = frame.f_back
-    return tuple(out), left_out
+    kept = chain[:limit]
+    if len(chain) > limit:
+        away = [
+            f
+            for f in chain[limit:]
+            if away_in(f.f_code.co_filename, getattr(f.f_code, "co_qualname", "")) is not None
+        ][:KEPT_AWAY]
+        if away:
+            kept = chain[: limit - len(away)] + away
+    out: list[Frame] = []
+    for kept_frame in kept:
+        code = kept_frame.f_code
+        line = kept_frame.f_lineno or 0
+        text = linecache.getline(code.co_filename, line).strip() if line else ""
+        out.append(
+            Frame(
+                file=cut_head(code.co_filename, MAX_FILE),
+                line=max(0, line),
+                function=cut_tail(getattr(code, "co_qualname", code.co_name), MAX_FUNCTION),
+                code=cut_tail(text, MAX_CODE) or None,
+            )
+        )
+    return tuple(out), len(chain) - len(kept)
 
 
 def runs_in(frame: FrameType | None, path: str) -> bool:

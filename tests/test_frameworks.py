@@ -301,12 +301,14 @@ def test_hf_callback_times_every_step(p: probe.Probe, tmp_path: Path) -> None:
     assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
 
 
+@pytest.mark.parametrize("save", ["steps", "best"])
 def test_hf_evaluation_and_checkpoint_inside_an_epoch_are_outside_the_loop(
-    tmp_path: Path,
+    tmp_path: Path, save: str
 ) -> None:
     """The HF Trainer evaluates and saves after a step's end, inside the epoch (an
     evaluation strategy of "steps"): that time was the next step's data wait, and a
-    stall once it lasted 10 s."""
+    stall once it lasted 10 s. Saving the best model, it decides to save after the
+    evaluation's event."""
     transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
     pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
     from gputop_dl.probe.integrations.transformers import GputopCallback
@@ -336,8 +338,12 @@ def test_hf_evaluation_and_checkpoint_inside_an_epoch_are_outside_the_loop(
             eval_strategy="steps",
             eval_steps=2,
         )
-        args.save_strategy = transformers.IntervalStrategy.STEPS
-        args.save_steps = 4
+        if save == "best":
+            args.save_strategy = transformers.trainer_utils.SaveStrategy.BEST
+            args.metric_for_best_model = "loss"
+        else:
+            args.save_strategy = transformers.trainer_utils.SaveStrategy.STEPS
+            args.save_steps = 4
         trainer = transformers.Trainer(
             model=Evaluated(),
             args=args,

@@ -114,6 +114,25 @@ def _deep(n: int) -> FrameType:
     return _deep(n - 1)
 
 
+EVALUATION_LOOP = "/x/site-packages/lightning/pytorch/loops/evaluation_loop.py"
+
+
+def test_a_frameworks_evaluation_frame_is_kept_however_deep() -> None:
+    """Inside a model's forward, Lightning's evaluation loop is 28-31 frames deep: past
+    the 32 innermost, the viewer read "Stalled [critical]" for a validation."""
+    namespace: dict[str, Any] = {"_deep": _deep}
+    source = "class _EvaluationLoop:\n    def run(self, n):\n        return _deep(n)\n"
+    exec(compile(source, EVALUATION_LOOP, "exec"), namespace)
+    frames, left_out = stacks.frames_of(namespace["_EvaluationLoop"]().run(60))
+    assert len(frames) == stacks.MAX_FRAMES and frames[0].function == "_deep"
+    assert frames[-1].file == EVALUATION_LOOP and frames[-1].function == "_EvaluationLoop.run"
+    assert all(f.function == "_deep" for f in frames[:-1])
+    assert left_out > 60 - stacks.MAX_FRAMES
+    assert stuck.framework_away(stack(*frames)) == ("Lightning's validation", frames[-1])
+    shallow, _ = stacks.frames_of(_deep(60))
+    assert stuck.framework_away(stack(*shallow)) is None
+
+
 def test_frames_are_bounded() -> None:
     frames, left_out = stacks.frames_of(_deep(100))
     assert len(frames) == stacks.MAX_FRAMES and frames[0].function == "_deep"

@@ -51,15 +51,18 @@ class GputopCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.back()
-        self._away_for(control, evaluated=True)  # a checkpoint may follow
+        # A checkpoint may follow: the flag says so, or, saving the best model, the
+        # Trainer decides after this event (it ends at on_save, or at the next step).
+        best = getattr(getattr(args, "save_strategy", None), "value", None) == "best"
+        self._away_for(control, evaluated=True, best=best)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.back()
 
-    def _away_for(self, control: Any, evaluated: bool = False) -> None:
+    def _away_for(self, control: Any, evaluated: bool = False, best: bool = False) -> None:
         if not evaluated and getattr(control, "should_evaluate", False) is True:
             self._timer.away("evaluation")
-        elif getattr(control, "should_save", False) is True:
+        elif best or getattr(control, "should_save", False) is True:
             self._timer.away("checkpoint")
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

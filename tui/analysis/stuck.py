@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import Frame, Stack
+from gputop_dl.probe.stack import away_in
 from gputop_dl.tui.analysis import fmt
 
 SHOWN_FRAMES = 3  # innermost frames in the evidence (the JSON carries all of them)
@@ -37,37 +38,14 @@ def where(frame: Frame) -> str:
     return f"{path}:{frame.line} in {frame.function}(){code}"
 
 
-# A framework's own evaluation or checkpoint code (file, qualified functions or None for
-# any, what it is): a training thread found there after no step for a while is away
-# from its loop, not stuck inside a step. Lightning validates inside the training epoch
-# (before on_train_epoch_end, and mid-epoch with val_check_interval); the HF Trainer
-# evaluates and saves between two steps; a loader that `watch` times sees neither.
-AWAY_FRAMES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
-    ("lightning/pytorch/loops/evaluation_loop.py", None, "Lightning's validation"),
-    ("pytorch_lightning/loops/evaluation_loop.py", None, "Lightning's validation"),
-    ("lightning/pytorch/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
-    ("pytorch_lightning/callbacks/model_checkpoint.py", None, "Lightning's checkpoint"),
-    (
-        "transformers/trainer.py",
-        frozenset({"Trainer.evaluate", "Trainer.evaluation_loop", "Trainer.prediction_loop"}),
-        "the HF Trainer's evaluation",
-    ),
-    (
-        "transformers/trainer.py",
-        frozenset({"Trainer._save_checkpoint", "Trainer.save_model"}),
-        "the HF Trainer's checkpoint",
-    ),
-)
-
-
 def framework_away(stack: Stack) -> tuple[str, Frame] | None:
     """What framework code the stack is in, away from the training loop, and its frame
-    (the innermost such one); None if none of its frames is (only the innermost 32 are
-    sent: a deeper evaluation frame goes unseen)."""
+    (the innermost such one); None if none of its frames is (the probe keeps such a
+    frame among those it sends however deep it is: probe/stack.py, frames_of)."""
     for frame in stack.frames:
-        for path, functions, what in AWAY_FRAMES:
-            if frame.file.endswith(path) and (functions is None or frame.function in functions):
-                return what, frame
+        what = away_in(frame.file, frame.function)
+        if what is not None:
+            return what, frame
     return None
 
 
