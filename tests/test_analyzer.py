@@ -25,6 +25,7 @@ from gputop_dl.probe.samples import (
     TopProcess,
     TrainingProcesses,
 )
+from gputop_dl.tui.analysis import fmt
 from gputop_dl.tui.analysis.causes import suggest_workers
 from gputop_dl.tui.analysis.thresholds import STACK_GRACE_S
 from gputop_dl.tui.analyzer import Verdict, VerdictTracker, Window, analyze
@@ -1389,6 +1390,59 @@ def test_no_gain_is_said_so() -> None:
 
     assert _gain(100.0, 143.0) == "+43 %"
     assert _gain(100.0, 99.8) == "no gain" and _gain(100.0, 100.2) == "no gain"  # not "+-0 %"
+
+
+AWAY_CASES = {
+    "no usual time yet: info": (25.0, None, "info"),
+    "25 s, usually 20 s: info": (25.0, (20.0, 3), "info"),
+    "65 s, usually 20 s (under 3x and +60 s): info": (65.0, (20.0, 3), "info"),
+    "81 s, usually 20 s: a hang there?": (81.0, (20.0, 3), "warning"),
+    "25 min, usually 10 min (under 3x): info": (1500.0, (600.0, 5), "info"),
+    "31 min, usually 10 min: a hang there?": (1860.0, (600.0, 5), "warning"),
+}
+
+
+@pytest.mark.parametrize(("away", "usual", "severity"), AWAY_CASES.values(), ids=AWAY_CASES.keys())
+def test_a_validation_far_longer_than_usual_is_a_warning(
+    away: float, usual: tuple[float, int] | None, severity: str
+) -> None:
+    """A validation marked by a framework callback is outside the loop, info: one that
+    hangs (a rank dead in a collective) read so for good (a review)."""
+    steps = make_steps(40)
+    left = steps[-1].end_time + 0.01
+    h = replace(hello(), loop="outside", loop_since=left, loop_exit="marked:validation")
+    v = analyze(replace(window(steps, h=h, now=left + away), usual_away=usual))
+    assert (v.kind, v.severity) == ("outside-loop", severity), v
+    if severity == "warning":
+        assert usual is not None
+        assert v.headline.endswith(f"far longer than usual ({fmt.dur(usual[0])}): a hang there?")
+        assert v.evidence[0].startswith(f"{away / usual[0]:.1f}x the usual")
+        assert v.advice[0].startswith("if it should have ended, see where it waits: ")
+
+
+def test_the_usual_time_outside_is_each_ways_own() -> None:
+    from gputop_dl.probe.messages import Loop
+    from gputop_dl.tui.state.run import AWAY_KINDS_KEPT, Run
+
+    run = Run("h:1", 60.0)
+    run.hello = replace(hello(), loop="in-loop", loop_since=T0)
+    t = T0
+    for seconds in (10.0, 30.0, 20.0):
+        run.add_loop(Loop("h:1", "outside", t + 1, 5, "marked:validation"))
+        run.add_loop(Loop("h:1", "in-loop", t + 1 + seconds, 5, None))
+        t += 100
+    run.add_loop(Loop("h:1", "outside", t, 5, "marked:validation"))  # at an epoch's end:
+    run.add_loop(Loop("h:1", "outside", t + 40, 5, "exhausted"))  # its return not sent
+    run.add_loop(Loop("h:1", "in-loop", t + 41, 5, None))
+    assert run.usual_away("marked:validation") == (25.0, 4)
+    run.add_loop(Loop("h:1", "outside", t, 5, "marked:checkpoint"))
+    run.add_loop(Loop("h:1", "in-loop", t + 7, 5, None))
+    assert run.usual_away("marked:checkpoint") is None  # once: no usual time yet
+    assert run.usual_away(None) is None
+    for i in range(3 * AWAY_KINDS_KEPT):  # a peer naming thousands of ways: bounded
+        run.add_loop(Loop("h:1", "outside", t + i, 5, f"marked:{i}"))
+        run.add_loop(Loop("h:1", "in-loop", t + i + 0.5, 5, None))
+    assert len(run._away_spans) == AWAY_KINDS_KEPT
 
 
 def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:

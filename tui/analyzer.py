@@ -59,6 +59,8 @@ from gputop_dl.tui.analysis.stuck import (
     workers_pyspy_advice,
 )
 from gputop_dl.tui.analysis.thresholds import (
+    AWAY_LONG_FACTOR,
+    AWAY_LONG_MIN_S,
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
     BURSTY_RATIO,
@@ -120,6 +122,9 @@ class Window:
     # Whole passes the viewer kept where loaders take turns (passes.passes_to_keep): the
     # rest of a cycle whose other passes the steps do not hold.
     whole_passes: tuple[WholePass, ...] = ()
+    # The median time outside the loop when it was left as it is now (a validation's)
+    # and how many it is from: one that lasts much longer may hang (Run.usual_away).
+    usual_away: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -529,6 +534,28 @@ def _outside(window: Window) -> Verdict | None:
     ]
     cpu = _main_cpu_line(window)
     evidence.append(cpu if cpu is not None else "main process CPU not sampled")
+    usual = window.usual_away
+    if usual is not None and away > max(AWAY_LONG_FACTOR * usual[0], usual[0] + AWAY_LONG_MIN_S):
+        # A validation that hangs (a rank that died in a collective, a stuck loader)
+        # is outside the loop too: longer than it takes, it is no longer just that.
+        median, times = usual
+        evidence.insert(
+            0,
+            f"{away / max(median, 1e-9):.1f}x the usual {fmt.dur(median)} (median of the "
+            f"last {times} times)",
+        )
+        return Verdict(
+            "outside-loop",
+            "warning",
+            0.8,
+            headline + f", far longer than usual ({fmt.dur(median)}): a hang there?",
+            evidence=tuple(evidence),
+            advice=(
+                f"if it should have ended, see where it waits: py-spy dump --pid {hello.pid}",
+                pyspy_advice(hello.pid, hello.host, window.ptrace),
+            ),
+            conditions=("outside-loop",),
+        )
     return Verdict(
         "outside-loop",
         "info",

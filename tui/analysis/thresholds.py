@@ -150,6 +150,10 @@ LOW_GPU_UTIL_PCT = 50.0  # compute-bound by the host clock but the GPU mostly id
 
 # --- outside the loop ---------------------------------------------------------------------
 OUTSIDE_SHOW_S = 2.0  # left the loop this long ago: say so (shorter: an epoch boundary)
+# Outside the loop this many times as long as the usual time it was left the same way
+# (and a minute more at least): a warning, it may hang there (a validation, a checkpoint).
+AWAY_LONG_FACTOR = 3.0
+AWAY_LONG_MIN_S = 60.0
 
 # --- tracker ------------------------------------------------------------------------------
 PERSIST_S = 2.0  # a new verdict must hold this long ...

@@ -33,6 +33,11 @@ CLOCK_SAMPLES = 50  # recent arrivals the probe's clock offset is estimated from
 CLOCK_SKEW_MIN_S = 1.0  # smaller offsets are delays (flush, network) or do not matter
 OWN_SAMPLES = 120  # a source's own system samples kept: two minutes at one a second ...
 OWN_SAMPLES_S = 120.0  # ... and none older than two minutes
+# Times outside the loop kept, the last few of each way it was left ("marked:validation"):
+# how long a validation usually takes, to tell one that hangs (usual_away). At most so
+# many ways: the probe names them, a peer could name thousands.
+AWAY_SPANS_KEPT = 5
+AWAY_KINDS_KEPT = 16
 _samples = attrgetter("samples")
 _index = attrgetter("index")
 
@@ -66,6 +71,7 @@ class Run:
         self.hello: Hello | None = None
         self.loop: Loop | None = None  # newest Loop message, when newer than the hello's state
         self._window_hello: Hello | None = None  # hello with the loop merged, cached
+        self._away_spans: dict[str, deque[float]] = {}  # how the loop was left -> seconds
         self.first_received: float | None = None
         self.last_received: float | None = None
         self._points = max(1, math.ceil(history_s / BUCKET_S))
@@ -211,8 +217,32 @@ class Run:
         return tuple(whole for _, whole in sorted(self._whole_passes.items()) if whole is not None)
 
     def add_loop(self, loop: Loop) -> None:
+        before = self.window_hello()  # the state this message ends
+        if (
+            before is not None
+            and before.loop == "outside"
+            and before.loop_exit
+            and before.loop_since is not None
+            and (loop.state == "in-loop" or loop.how != before.loop_exit)
+        ):
+            # Ended by a return to the loop, or by leaving it another way: the probe sends
+            # the two newest changes a flush, and a validation at an epoch's end is
+            # followed at once by the epoch's end and the next one's start.
+            spans = self._away_spans.pop(before.loop_exit, None) or deque(maxlen=AWAY_SPANS_KEPT)
+            spans.append(max(0.0, loop.time - before.loop_since))
+            self._away_spans[before.loop_exit] = spans  # the newest way last
+            if len(self._away_spans) > AWAY_KINDS_KEPT:
+                del self._away_spans[next(iter(self._away_spans))]
         self.loop = loop
         self._window_hello = None
+
+    def usual_away(self, how: str | None) -> tuple[float, int] | None:
+        """The median time the loop was outside when it was left this way ("marked:
+        validation") and how many times that is from, from two on; None before."""
+        spans = self._away_spans.get(how) if how else None
+        if spans is None or len(spans) < 2:
+            return None
+        return statistics.median(spans), len(spans)
 
     @property
     def outside_loop(self) -> bool:

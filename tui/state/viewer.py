@@ -540,15 +540,17 @@ class ViewerState:
             source.tracker = VerdictTracker()
         probe_now = source.probe_time(now)
         since = probe_now - ANALYSIS_WINDOW_S
+        hello = source.window_hello()
         window = Window(
             now=probe_now,
             steps=tuple(source.recent_steps(since, MIN_WINDOW_STEPS, MAX_WINDOW_RECORDS)),
             systems=tuple(self._run_systems(source, since)),
-            hello=source.window_hello(),  # the newest: it carries the progress of a hung run
+            hello=hello,  # the newest: it carries the progress of a hung run
             stack=source.stack,
             ptrace=self._ptrace(source),
             run_from=source.first_start,
             whole_passes=source.whole_passes,
+            usual_away=source.usual_away(hello.loop_exit if hello is not None else None),
         )
         try:
             # The verdict shown is passed back: a condition it holds is left only below
