@@ -200,6 +200,56 @@ def test_lightning_validation_inside_an_epoch_is_outside_the_loop(
         p.close()
 
 
+def test_lightning_checkpoints_inside_an_epoch_are_outside_the_loop(tmp_path: Path) -> None:
+    """ModelCheckpoint (last of the callbacks) saves after our batch end: its write was
+    the next step's data wait ("input-bound"), and a stall once it lasted."""
+    L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gputop_dl.probe.integrations.lightning import GputopCallback
+
+    p = probe.Probe(name="pl-checkpoint", system_interval_s=0, listen="tcp://127.0.0.1:*")
+    reader = attached(p)
+    states: list[tuple[str, str | None]] = []
+
+    class SlowCheckpoint(ModelCheckpoint):  # type: ignore[misc]
+        def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+            super()._save_checkpoint(trainer, filepath)  # on_save_checkpoint, the write
+            states.append((p._loop, p._loop_exit))
+            time.sleep(0.3)  # a large model's write
+
+    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    try:
+        quiet = {**LIGHTNING_QUIET, "enable_checkpointing": True}
+        trainer = L.Trainer(
+            max_epochs=1,
+            callbacks=[
+                GputopCallback(p),
+                SlowCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1),
+            ],
+            default_root_dir=tmp_path,
+            **quiet,
+        )
+        trainer.fit(Model(), DataLoader(dataset(40), batch_size=2))
+        assert len(states) >= 3 and set(states) == {("outside", "marked:checkpoint")}
+        steps = waits(p, reader)
+        assert max(steps) < 0.2  # the writes' 0.3 s in no step's wait
+        assert 20 - len(steps) >= 3  # the steps after a write: no wait measured
+    finally:
+        p.close()
+
+
 def test_lightning_ddp_each_rank_keeps_its_own_shard(tmp_path: Path) -> None:
     pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "GPUTOP_NAME": "ddp-test"}

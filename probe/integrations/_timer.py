@@ -100,15 +100,18 @@ class HookTimer:
         p = self._probe()
         if not p.enabled or self._t_prev is None:
             return
+        now = t1 = time.perf_counter()
         if self._away is not None:  # no hook said it was back: from here on, a step
             away, self._away = self._away, None
             away.__exit__(None, None, None)
-        now = time.perf_counter()
+            # Whatever ended it (a checkpoint's write: Lightning has no hook after it)
+            # is in this step's wait: not a wait for data, none measured.
+            t1 = -1.0
         try:
             n = loader.infer_samples(batch)
         except Exception:
             n = None
-        p._open_step(self._t_prev, now, n)
+        p._open_step(self._t_prev, t1, n)
         self.phases.finish(now)  # nothing of an earlier, unfinished step is kept
         self.phases.mark(phase, now)
 

@@ -57,6 +57,12 @@ class GputopCallback(Callback):
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         self._timer.back()
 
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        # Called as the checkpoint is made, before it is written (ModelCheckpoint, last
+        # of the callbacks, saves after our batch or validation end): away until the
+        # next batch, whose data wait is then not measured.
+        self._timer.away("checkpoint")
+
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._timer.epoch_end()
 
