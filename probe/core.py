@@ -480,9 +480,9 @@ class Probe:
         """
         if not self.enabled or _forked_child:
             return iterable
-        from gputop_dl.probe.watch import Watched
+        from gputop_dl.probe.watch import watched
 
-        return Watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
+        return watched(self, iterable, samples=samples, data_path=data_path or self._data_path)
 
     def _loop_entered(
         self,

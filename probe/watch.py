@@ -281,15 +281,20 @@ class Watched(Generic[T]):
 
     # ------------------------------------------------------------------ the loop
     def __iter__(self) -> Iterator[T]:
+        return self._pass(iter)
+
+    def _pass(self, start: Callable[[Any], Iterator[T]]) -> Iterator[T]:
+        """A pass over the loader, its iterator made by ``start`` (``iter``; a watched
+        iterator's next() takes the iterator as it is)."""
         probe = self._probe
         if not probe.enabled or _forked():
-            return iter(self._iterable)
+            return start(self._iterable)
         # The pass is a chain of stretches (see _stretches): the batches of a C-timed one
         # reach the training with no Python frame between (a generator that passed them
         # on with `yield from` cost the training thread 0.15-0.24 us a step more at
         # ~100 us steps: bench/probe_overhead.py, docs/measurements.md).
         turns = _Turns()
-        stretches = self._stretches(turns)
+        stretches = self._stretches(turns, start)
         each = map(_next_stretch, repeat(turns), repeat(stretches))
         timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
@@ -297,7 +302,9 @@ class Watched(Generic[T]):
         timed.loader = self._iterable
         return timed
 
-    def _stretches(self, turns: _Turns) -> Generator[Iterable[T], None, None]:
+    def _stretches(
+        self, turns: _Turns, start: Callable[[Any], Iterator[T]] = iter
+    ) -> Generator[Iterable[T], None, None]:
         """One pass, as stretches of batches for ``chain``: each Python-timed step (a
         pass's first, or every one while CUDA events time the device) a stretch of one
         batch, then C-timed segments (probe/stamps.py) while this loop is alone. The
@@ -329,7 +336,7 @@ class Watched(Generic[T]):
         if early:
             probe._loop_entered(None, self._framework, key, instance, held)
         try:
-            iterator = iter(self._iterable)
+            iterator = start(self._iterable)
         except BaseException as exc:
             if early:
                 probe._loop_left(f"exception:{type(exc).__name__}", held)
@@ -541,8 +548,54 @@ class Watched(Generic[T]):
             return self._info
 
 
+class WatchedIterator(Watched[T]):
+    """An iterator watched (a generator, ``iter(loader)``): ``next()`` on it works, as on
+    the iterator, through the pass it is in; ``iter()`` of it starts a pass as for any
+    watched loader (the iterator's own ``iter()`` says where that one begins), and the
+    pass before it is left as by a ``break``. A watched iterator raised "not an
+    iterator" at ``next()``."""
+
+    _current: Iterator[T] | None = None
+
+    def __iter__(self) -> Iterator[T]:
+        current = self._current
+        if current is not None:
+            self._current = None
+            cast("_Pass[T]", current).close()  # left as by a break: one pass open at once
+        # Not kept here: the pass's frame holds this object, and a kept pass would wait
+        # for the collector to end when the loop lets go of it.
+        return super().__iter__()
+
+    def __next__(self) -> T:
+        current = self._current
+        if current is None:  # the pass next() goes through lives as long as this object
+            current = self._current = self._pass(_as_it_is)  # as next() on it: no iter()
+        return next(current)
+
+
+def _as_it_is(iterator: Iterator[T]) -> Iterator[T]:
+    return iterator
+
+
+def watched(probe: Probe, iterable: Iterable[T], **options: Any) -> Watched[T]:
+    """``probe.watch``'s wrapper: an iterator's can be asked ``next()`` as it can."""
+    inner = iterable._iterable if isinstance(iterable, Watched) else iterable
+    kind = WatchedIterator if hasattr(type(inner), "__next__") else Watched
+    return kind(probe, iterable, **options)
+
+
 _OWN = frozenset(
-    {"_probe", "_iterable", "_samples", "_data_path", "_learned", "_count", "_info", "_framework"}
+    {
+        "_probe",
+        "_iterable",
+        "_samples",
+        "_data_path",
+        "_learned",
+        "_count",
+        "_info",
+        "_framework",
+        "_current",
+    }
 )
 
 

@@ -139,3 +139,55 @@ def test_finding_a_wrappers_workers_keeps_none_of_its_batches(p: probe.Probe) ->
             break
     assert p._loader_info is not None and len(p._loader_info.worker_pids) == 2
     assert alive_after == [0] * 11
+
+
+class OwnIterator:
+    """A loader that is its own iterator: ``iter()`` starts it again."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.i = n, 0
+
+    def __iter__(self) -> OwnIterator:
+        self.i = 0
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i
+
+
+def numbers(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: numbers(10), lambda: OwnIterator(10)], ids=["generator", "own"]
+)
+def test_next_on_a_watched_iterator_is_the_iterators(
+    p: probe.Probe, make: Callable[[], Any]
+) -> None:
+    """An iterator watched raised "not an iterator" at next() (a step loop that asks
+    ``next(batches)``)."""
+    runs = []
+    for wrap in (lambda x: x, p.watch):
+        it: Any = wrap(make())
+        first = [next(it), next(it)]
+        rest = list(it)  # iter(): a generator goes on, a loader of its own starts again
+        runs.append((first, rest, next(it, "end")))
+    assert runs[0] == runs[1]
+    assert p._passes == 0 and p._loop_exit == "exhausted"
+
+
+def test_a_watched_iterator_times_the_steps_next_asks_for(p: probe.Probe) -> None:
+    it: Any = p.watch(numbers(3000))
+    assert sum(next(it) for _ in range(2500)) == sum(range(2500))
+    assert p._passes == 1 and p._index_now() >= 2490  # timed, C-timed after the first
+    assert list(it) == list(range(2500, 3000))  # the pass next() was in, left as a break
+    assert p._passes == 0
+
+
+def test_a_watched_loader_is_still_no_iterator(p: probe.Probe) -> None:
+    with pytest.raises(TypeError, match="not an iterator"):
+        next(p.watch([1, 2]))  # type: ignore[call-overload]  # as next([1, 2])
