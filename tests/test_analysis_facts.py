@@ -186,7 +186,8 @@ START_STALLS = {
     "as long as the last starts: starting a pass": ((14.0, 13.8), 13.0, "starting-pass", "info"),
     "up to twice the longest of them": ((14.0, 13.8), 27.0, "starting-pass", "info"),
     "past twice the longest: a stall": ((14.0, 13.8), 29.0, "stalled", "critical"),
-    "a loader whose starts are quick: a stall at 10 s": ((0.2, 0.3), 11.0, "stalled", "critical"),
+    # (at 10 s, and the 1.5 s a viewer waits for the probe's stack: STACK_GRACE_S)
+    "a loader whose starts are quick: a stall at 10 s": ((0.2, 0.3), 12.0, "stalled", "critical"),
     "its first start seen: a warning": ((), 13.0, "starting-pass", "warning"),
     "its first start seen, past 30 s: a stall": ((), 31.0, "stalled", "critical"),
 }
@@ -247,9 +248,9 @@ def test_a_first_step_stuck_after_its_batch_came_is_a_stall() -> None:
 @pytest.mark.parametrize(
     ("earlier", "gap", "kind"),
     [
-        ((60.0, 2.0, 2.0, 2.0), 11.0, "stalled"),  # a cold first epoch excuses nothing later
-        ((0.0, 0.0), 11.0, "stalled"),  # starts that cost nothing (a hostile hello: no crash)
-        ((2.0, 20.0, 2.5), 11.0, "stalled"),  # one slow start among quick ones
+        ((60.0, 2.0, 2.0, 2.0), 12.0, "stalled"),  # a cold first epoch excuses nothing later
+        ((0.0, 0.0), 12.0, "stalled"),  # starts that cost nothing (a hostile hello: no crash)
+        ((2.0, 20.0, 2.5), 12.0, "stalled"),  # one slow start among quick ones
         ((14.0, 13.0, 15.0), 25.0, "starting-pass"),
     ],
 )
@@ -267,7 +268,7 @@ def test_a_pass_whose_first_step_is_published_is_no_longer_starting() -> None:
     last = steps[-1].end_time
     listed = LoaderPasses(None, (PAST_PREFETCH, steps[-1].index), (14.0, 13.0))
     h = with_facts(hello(), loop="in-loop", loop_since=last - 1, passes=(listed,))
-    v = analyze(window(steps, h=h, now=last + 11, procs=processes(1.0)))
+    v = analyze(window(steps, h=h, now=last + 12, procs=processes(1.0)))  # (10 s + 1.5 s)
     assert v.kind == "stalled", text(v)
 
 
