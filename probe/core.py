@@ -503,10 +503,7 @@ class Probe:
             self._passes += 1
             if held is not None:
                 self._open_passes.append(held)
-        outer = self._segment
-        if outer is not None:  # a loop inside a C-timed one: its open step is dropped
-            outer.gate.clear()  # the outer chain stops before its next clock reading
-            self._end_segment(outer, close=False)
+        self._seal_running_segment()  # a loop inside a C-timed one: its open step is dropped
         if self._passes == 1:
             # Not a loop inside another's step (an evaluation run in a training step):
             # the hello describes this pass's loader and lists its loader's pass starts.
@@ -624,11 +621,18 @@ class Probe:
             held.left = False
             self._passes += 1
             self._open_passes.append(held)
-            outer = self._segment  # (its own ended before it asked): another pass's
-            if outer is not None:  # as for a loop entered inside a C-timed one
-                outer.gate.clear()
-                self._end_segment(outer, close=False)
+            # (its own segment ended before it asked): another pass's, as for a loop
+            # entered inside a C-timed one
+            self._seal_running_segment()
             self._mark_loop("in-loop", None)
+
+    def _seal_running_segment(self) -> None:
+        """Training thread: a pass entered inside another's C-timed segment. That
+        segment's chain stops before its next clock reading, its open step dropped."""
+        outer = self._segment
+        if outer is not None:
+            outer.gate.clear()
+            self._end_segment(outer, close=False)
 
     def _index_now(self) -> int:
         """The open (or next) step's index, also while a segment times the loop."""

@@ -4,8 +4,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from gputop_dl.probe import Probe
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +45,26 @@ def no_probe_left_behind() -> Iterator[None]:
     if live is not None:
         live.close()
     WireReader.close_all()
+
+
+SMALL_CHUNK = 7
+"""Steps of a C-timed segment in the tests that take ``small_segments``: a pass of 60
+steps crosses several segments (probe/stamps.py's CHUNK_STEPS is 1,024)."""
+
+
+@pytest.fixture
+def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputop_dl.probe import stamps
+
+    monkeypatch.setattr(stamps, "CHUNK_STEPS", SMALL_CHUNK)
+
+
+@pytest.fixture
+def p(request: pytest.FixtureRequest) -> Iterator[Probe]:
+    """A live probe on TCP loopback, no node sampler, named after the test module."""
+    from tests.test_probe import tcp_probe
+
+    live = tcp_probe(request.module.__name__.rsplit(".", 1)[-1], system_interval_s=0)
+    assert live.enabled, live.error
+    yield live
+    live.close()

@@ -22,7 +22,12 @@ from tests.wire_reader import WireReader
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
+from tests.frameworks.setups import (  # noqa: E402
+    LIGHTNING_QUIET,
+    DictData,
+    hf_quiet_args,
+    regressor_module,
+)
 
 FORWARD_S, BACKWARD_S, OPTIMIZER_S = 0.02, 0.01, 0.005
 
@@ -105,11 +110,7 @@ def lightning_fit(accumulate: int = 1) -> None:
     L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
     from gputop_dl.probe.integrations.lightning import GputopCallback
 
-    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
+    class Model(regressor_module(L)):  # type: ignore[misc]
         def training_step(self, batch: Any, _i: int) -> Any:
             x, y = batch
             time.sleep(FORWARD_S)

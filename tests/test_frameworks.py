@@ -26,7 +26,7 @@ from gputop_dl.probe import loader as loader_mod
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
 
-from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args  # noqa: E402
+from tests.frameworks.setups import LIGHTNING_QUIET, DictData, hf_quiet_args, regressor_module  # noqa: E402
 from tests.test_probe import attached  # noqa: E402
 
 FRAMEWORKS = Path(__file__).parent / "frameworks"
@@ -164,20 +164,9 @@ def test_lightning_validation_inside_an_epoch_is_outside_the_loop(
     reader = attached(p)
     states: list[tuple[str, str | None]] = []
 
-    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch: Any, _i: int) -> Any:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
+    class Model(regressor_module(L)):  # type: ignore[misc]
         def validation_step(self, batch: Any, _i: int) -> None:
             states.append((p._loop, p._loop_exit))
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     try:
         trainer = L.Trainer(
@@ -218,17 +207,7 @@ def test_lightning_checkpoints_inside_an_epoch_are_outside_the_loop(tmp_path: Pa
             states.append((p._loop, p._loop_exit))
             time.sleep(0.3)  # a large model's write
 
-    class Model(L.LightningModule):  # type: ignore[misc,name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch: Any, _i: int) -> Any:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    Model = regressor_module(L)
 
     try:
         quiet = {**LIGHTNING_QUIET, "enable_checkpointing": True}

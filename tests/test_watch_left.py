@@ -25,30 +25,18 @@ import numpy as np
 import pytest
 
 from gputop_dl import probe
-from gputop_dl.probe import core, stamps
+from gputop_dl.probe import core
 from gputop_dl.probe.stack import fetch_code, fetch_under_way
 from gputop_dl.probe.stamps import fetches
-from tests.test_probe import attached, tcp_probe
+from tests.conftest import SMALL_CHUNK
+from tests.test_probe import attached
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind", "small_segments")
 
-CHUNK = 7  # a pass of 60 steps crosses several segments
-
-
-@pytest.fixture(autouse=True)
-def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stamps, "CHUNK_STEPS", CHUNK)
-
-
-@pytest.fixture
-def p() -> Iterator[probe.Probe]:
-    live = tcp_probe("left", system_interval_s=0)
-    assert live.enabled, live.error
-    yield live
-    live.close()
+CHUNK = SMALL_CHUNK  # a pass of 60 steps crosses several segments
 
 
 class OwnIterator:

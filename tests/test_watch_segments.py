@@ -25,28 +25,16 @@ from gputop_dl.probe.loader import infer_samples
 from gputop_dl.probe.protocol import HostRow
 from gputop_dl.probe.stamps import Segment
 from gputop_dl.probe.watch import STALE_KEPT
+from tests.conftest import SMALL_CHUNK
 from tests.test_probe import BATCHES, attached, tcp_probe
 from tests.wire_reader import WireReader
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind", "small_segments")
 
-CHUNK = 7  # a pass of 100 steps crosses 14 segments
-
-
-@pytest.fixture(autouse=True)
-def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stamps, "CHUNK_STEPS", CHUNK)
-
-
-@pytest.fixture
-def p() -> Iterator[probe.Probe]:
-    live = tcp_probe("segments", system_interval_s=0)
-    assert live.enabled, live.error
-    yield live
-    live.close()
+CHUNK = SMALL_CHUNK  # a pass of 100 steps crosses 14 segments
 
 
 def published(p: probe.Probe, reader: WireReader) -> list[dict[str, Any]]:

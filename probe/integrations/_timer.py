@@ -90,10 +90,16 @@ class HookTimer:
 
     def back(self) -> None:
         """Back in the training loop: the next step's wait starts now."""
-        away, self._away = self._away, None
-        if away is not None:
-            away.__exit__(None, None, None)
+        if self._leave_away():
             self._t_prev = time.perf_counter()
+
+    def _leave_away(self) -> bool:
+        """Ends the time away, if any. True: there was one."""
+        away, self._away = self._away, None
+        if away is None:
+            return False
+        away.__exit__(None, None, None)
+        return True
 
     def batch_start(self, batch: Any, phase: str | None = None) -> None:
         """The batch arrived; ``phase``: the phase it starts with (e.g. "forward")."""
@@ -101,9 +107,7 @@ class HookTimer:
         if not p.enabled or self._t_prev is None:
             return
         now = t1 = time.perf_counter()
-        if self._away is not None:  # no hook said it was back: from here on, a step
-            away, self._away = self._away, None
-            away.__exit__(None, None, None)
+        if self._leave_away():  # no hook said it was back: from here on, a step
             # Whatever ended it (a checkpoint's write: Lightning has no hook after it)
             # is in this step's wait: not a wait for data, none measured.
             t1 = -1.0

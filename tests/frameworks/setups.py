@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 # Lightning: one CPU device; no logger, checkpoint, progress bar or model summary.
@@ -45,3 +46,22 @@ class DictData(Dataset[Any]):
     def __getitem__(self, i: int) -> dict[str, Any]:
         x, y = self.pairs[i]
         return {"x": x, "labels": y}
+
+
+def regressor_module(L: Any) -> Any:
+    """A ``LightningModule`` class (``L``: ``lightning.pytorch``) fitting one linear layer
+    by SGD, with no validation step."""
+
+    class Regression(L.LightningModule):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, _i: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Regression
