@@ -327,7 +327,7 @@ class Probe:
         # finalized by a collection that an allocation under it starts leaves there.
         self._loop_lock = threading.RLock()
         self._open_passes: list[HeldPass] = []  # the watched passes entered, not left
-        self._declared_left = 0  # passes the publisher declared left (Outside reads it)
+        self._declared_left = 0  # passes declared left, not by their loop (Outside reads it)
         self._segments: deque[Segment] = deque()
         # Held by whoever pops from _segments: the training thread only tries it.
         self._segments_lock = threading.Lock()
@@ -513,6 +513,27 @@ class Probe:
             self._framework = framework
             self._hello_dirty.set()
         self._mark_loop("in-loop", None, now)
+
+    def _leave_pending(self) -> int:
+        """Training thread, before a watched pass is entered: a pass whose last fetch
+        raised, or whose iterator iter() made with no batch asked of it yet, is left now
+        (the publisher would say so within LEFT_FETCH_S): the training is evidently
+        elsewhere, and the new pass is no loop inside it. Asked again, it is entered
+        again (``_rejoined``). Returns the passes open now."""
+        if not self._open_passes:
+            return self._passes
+        with self._loop_lock:
+            for held in list(self._open_passes):
+                if held.raised and not held.left:
+                    self._left(held)
+            return self._passes
+
+    def _left(self, held: HeldPass) -> None:
+        """``held`` is left (under ``_loop_lock``): no longer an open pass."""
+        held.left = True
+        self._open_passes.remove(held)
+        self._passes = max(0, self._passes - 1)
+        self._declared_left += 1
 
     def _loop_described(self, info: LoaderInfo | None, loader_key: Hashable) -> None:
         """Training thread: the pass entered with no description (``watch`` enters before
@@ -984,7 +1005,8 @@ class Probe:
                 deferred = False
                 if batch is not None:
                     stack_frames = None  # a step ended: the stall (if any) is over
-                    if watched and (stopping or not replay_due):
+                    # (With a replay due when stopping, the replay below sends it.)
+                    if watched and not replay_due:
                         live = steps_frames((batch,))
                         if not stopping and pub.subscriptions():
                             replay_due = deferred = True
@@ -1022,10 +1044,9 @@ class Probe:
                             continue
                         systems.append(frames)
                         send(frames)
-                if (
-                    replay_due
-                    and now - last_replay >= REPLAY_MIN_INTERVAL_S
-                    and not (stopping or deferred)
+                if replay_due and (
+                    stopping  # the last chance: a viewer that attached just before the end
+                    or (now - last_replay >= REPLAY_MIN_INTERVAL_S and not deferred)
                 ):
                     # History for whoever just attached (everyone else de-duplicates by
                     # step index); the hello above already went out.
@@ -1099,10 +1120,7 @@ class Probe:
                     return
             elif self._segment is not fetch[0] or len(fetch[0].stamps) != fetch[1]:
                 return
-            held.left = True
-            self._open_passes.remove(held)
-            self._passes = max(0, self._passes - 1)
-            self._declared_left += 1
+            self._left(held)
             self._fetch_seen = None
             if not self._passes:
                 self._mark_loop("outside", how, time.time() - max(0.0, since))

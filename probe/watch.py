@@ -40,6 +40,15 @@ UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not coun
 STALE_KEPT = 8  # C stretches kept after they ended in a fetch: threads fetching at once
 # Loop.how for a pass a second thread took part in: the rest of it is not timed.
 SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not timed"
+# Loop.how for a pass whose iterator iter() made with no batch asked of it yet (for
+# LEFT_FETCH_S: the training does something else first), or let go of so.
+NOT_ITERATED = "not-iterated"
+# Callers that call iter() on a loader that is no DataLoader only to check that it is
+# iterable, and drop the iterator, where a DataLoader's iter() is not called: there the
+# loader's own iter() waits for the pass's first batch (code name, file name's end).
+ITERABLE_CHECKS = frozenset(
+    {("_check_dataloader_iterable", "connectors/data_connector.py")}  # Lightning's fit
+)
 
 _pytree_registered = False
 _warned: set[str] = set()
@@ -281,11 +290,21 @@ class Watched(Generic[T]):
 
     # ------------------------------------------------------------------ the loop
     def __iter__(self) -> Iterator[T]:
-        return self._pass(iter)
+        code = sys._getframe(1).f_code  # who asks (iter() itself has no frame)
+        checking = any(
+            code.co_name == name and code.co_filename.replace("\\", "/").endswith(file)
+            for name, file in ITERABLE_CHECKS
+        )
+        return self._pass(iter, eager=not checking)
 
-    def _pass(self, start: Callable[[Any], Iterator[T]]) -> Iterator[T]:
+    def _pass(self, start: Callable[[Any], Iterator[T]], eager: bool = True) -> Iterator[T]:
         """A pass over the loader, its iterator made by ``start`` (``iter``; a watched
-        iterator's next() takes the iterator as it is)."""
+        iterator's next() takes the iterator as it is) now, as the training asks for the
+        pass (a DataLoader's workers prefetch while the training does what comes before
+        its first next(); iter()'s exception is raised by iter()), or, not ``eager``, at
+        its first batch: an iterator made only to check the loader is iterable, whose
+        iter() would draw a DataLoader's seed from torch's generator (every epoch's
+        shuffle changed) and fork its workers for nothing."""
         probe = self._probe
         if not probe.enabled or _forked():
             return start(self._iterable)
@@ -300,6 +319,8 @@ class Watched(Generic[T]):
         timed.stretches = stretches
         timed.turns = turns
         timed.loader = self._iterable
+        if eager:
+            next(stretches)  # up to the loader's iter() made (an empty first stretch)
         return timed
 
     def _stretches(
@@ -332,7 +353,7 @@ class Watched(Generic[T]):
         # another's step is entered after: one that cannot start leaves that pass alone.
         instance = loader.unwrap(self._iterable)[0]
         key = loader.identity(instance)
-        early = probe._passes == 0
+        early = probe._leave_pending() == 0
         if early:
             probe._loop_entered(None, self._framework, key, instance, held)
         try:
@@ -341,8 +362,22 @@ class Watched(Generic[T]):
             if early:
                 probe._loop_left(f"exception:{type(exc).__name__}", held)
             raise
+        made = perf() - t0  # iter()'s own time: in the first step's wait
         turns.iterator = iterator
         held.fetcher = fetch_code(iterator)
+        if early:  # until the first next(), the publisher may see the pass as not iterated
+            held.raised_at = time.monotonic()
+            raised.append(NOT_ITERATED)
+        try:
+            yield ()  # an empty stretch: the chain asks for the next at its first next()
+        except GeneratorExit:  # let go of with no batch asked for
+            if early:
+                probe._loop_left(NOT_ITERATED, held)
+            raise
+        if early:
+            raised.clear()
+            probe._rejoined(held)
+        t0 = perf() - made
         try:
             info = self._pass_info(iterator)
             if early:

@@ -1469,6 +1469,11 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
         ("exception", "25 s: it ended with an exception from the loader", "(the loader raised"),
         ("break", "25 s (evaluation or checkpoint?)", "(the loop broke off)"),
         ("exhausted", "25 s (evaluation or checkpoint?)", "(the loader ran out)"),
+        (
+            "not-iterated",
+            "25 s: iter() made its loader's iterator, no batch asked for yet",
+            "(the loader's iterator was made, no batch asked of it)",
+        ),
     ],
 )
 def test_how_the_loop_was_left_is_said(how: str, headline: str, left_by: str) -> None:

@@ -7,9 +7,11 @@ Real Lightning, transformers, accelerate and torch.compile; tiny models and data
 
 from __future__ import annotations
 
+import copy as copy_module
 import json
 import logging
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -118,6 +120,60 @@ def test_lightning_fit_over_two_epochs(p: probe.Probe) -> None:
     assert p._framework == "lightning"  # type: ignore[attr-defined]
 
 
+class Augmented(Dataset[Any]):
+    """Items with a random augmentation (drawn in the worker: its seed is the loader's)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([float(i)]) + torch.rand(1)
+
+
+def lightning_draws(watch: bool) -> list[Any]:
+    """Two fits of one Trainer over a shuffled loader with a worker, the module drawing
+    from torch's generator at each epoch's start: what each draw and first batch gave."""
+    L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    seen: list[Any] = []
+
+    class Model(regressor_module(L)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def on_train_epoch_start(self) -> None:
+            seen.append(torch.rand(1).item())
+
+        def training_step(self, batch: Any, i: int) -> Any:
+            if i == 0:
+                seen.append(batch.flatten().tolist())
+            return self.layer(batch).pow(2).mean()
+
+    L.seed_everything(0, verbose=False)
+    loader: Any = DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=1)
+    if watch:
+        loader = probe.watch(loader)
+    trainer = L.Trainer(max_epochs=1, **LIGHTNING_QUIET)
+    model = Model()
+    trainer.fit(model, loader)
+    trainer.fit_loop.max_epochs = 2
+    trainer.fit(model, loader)
+    return seen
+
+
+def test_lightning_draws_the_same_numbers_through_a_watched_loader(p: probe.Probe) -> None:
+    """A DataLoader draws its seed from torch's generator at iter(). The watched pass
+    made the loader's iterator at its first batch: after the module's draw in
+    on_train_epoch_start, which then differed (so did every augmentation); and not for
+    the iterator Lightning makes and drops at a second fit (its shuffle differed). Nor
+    may it make one where Lightning's check of a loader that is no DataLoader calls
+    iter() on it only to see that it is iterable."""
+    plain = lightning_draws(False)
+    assert len(plain) == 4
+    assert lightning_draws(True) == plain
+    assert p._index > 0
+
+
 def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
     pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
     from gputop_dl.probe.integrations.lightning import GputopCallback
@@ -126,6 +182,30 @@ def test_lightning_callback_times_every_step(p: probe.Probe) -> None:
     timed = lightning_run(False, callbacks=(GputopCallback(),))
     assert timed == plain and p._index == 20
     assert p._framework == "lightning" and p._loop == "outside"  # type: ignore[attr-defined]
+
+
+def test_a_used_callback_with_its_own_probe_pickles_without_it(p: probe.Probe) -> None:
+    """Lightning's ddp_spawn pickles the callbacks for each process it starts: a callback
+    given a probe, or used by a fit, held one ("cannot pickle '_thread.RLock' object": the
+    fit stopped). The copy times its own process's default probe."""
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    transformers = pytest.importorskip("transformers")
+    from gputop_dl.probe.integrations import lightning as pl_integration
+    from gputop_dl.probe.integrations import transformers as hf_integration
+
+    given = pl_integration.GputopCallback(p)
+    copy = pickle.loads(pickle.dumps(given))
+    assert copy._timer._given is None  # its process's probe, once it runs
+    plain = lightning_run(False)
+    assert lightning_run(False, callbacks=(given,)) == plain and p._index == 20
+    assert lightning_run(False, callbacks=(copy,)) == plain and p._index == 40
+    # Used: Lightning sets the module's log methods on it (this test's module, a local
+    # class, cannot be pickled; a script's can): its timer alone here.
+    assert pickle.loads(pickle.dumps(given._timer))._given is None
+    hf = hf_integration.GputopCallback(p)
+    assert pickle.loads(pickle.dumps(hf))._timer._given is None
+    assert copy_module.deepcopy(hf)._timer._given is p  # in-process: the same probe
+    assert isinstance(hf, transformers.TrainerCallback)
 
 
 class SlowItems(Dataset[Any]):

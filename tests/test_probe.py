@@ -577,6 +577,22 @@ def attached(p: probe.Probe) -> WireReader:
     return reader
 
 
+def test_a_subscriber_that_attaches_just_before_close_gets_every_step() -> None:
+    """A viewer attached after the steps, before the publisher's first drain, the probe
+    closed at once (a short run's end): its replay was due and the last wake-up skipped
+    it, sending only that wake-up's steps live. The earlier steps were lost."""
+    p = tcp_probe("attach-at-end", system_interval_s=0)
+    for _ in p.watch(range(38)):
+        pass
+    reader = attached(p)  # the publisher drains the 38 steps as it admits it
+    for _ in p.watch(range(40)):
+        pass
+    p.close()
+    reader.pump(1.0, until="bye")
+    reader.close()
+    assert sorted(r["index"] for r in reader.steps()) == list(range(78))
+
+
 def test_a_late_subscriber_gets_the_history_and_a_hello_within_a_second() -> None:
     p = tcp_probe("late", system_interval_s=0)
     for _ in p.watch(range(500)):

@@ -339,16 +339,18 @@ def test_a_pass_left_inside_another_leaves_the_loop_in_it_and_no_index_twice(
     reader.close()
 
 
-def test_passes_left_one_inside_another_are_each_left(p: probe.Probe) -> None:
+def test_passes_that_raised_are_left_as_the_next_is_entered(p: probe.Probe) -> None:
+    """Three failed cells, each run within LEFT_FETCH_S of the last: each new pass is the
+    outermost (before, each was a loop inside the last, until the publisher saw them)."""
     kept = []
-    for _ in range(3):  # three failed cells, each run within LEFT_FETCH_S of the last
+    for _ in range(3):
         it = iter(p.watch(OwnIterator(20, bad=5), samples=counted_by_user))
         with pytest.raises(KeyError):
             for _ in it:
-                pass
+                assert p._passes == 1
         kept.append(it)
-    assert p._passes == 3
-    assert wait_for(lambda: p._passes == 0, 3 * core.LEFT_FETCH_S + 2)
+    assert p._passes == 1  # the last one's raise: left once the publisher sees it
+    assert wait_for(lambda: p._passes == 0, core.LEFT_FETCH_S + 2)
     assert (p._loop, p._loop_exit) == ("outside", "exception:KeyError")
     during = {p._passes for _ in p.watch(OwnIterator(30), samples=4)}
     assert during == {1} and (p._loop, p._loop_exit) == ("outside", "exhausted")
@@ -439,3 +441,53 @@ def test_probe_step_after_a_left_pass_records_its_steps(p: probe.Probe) -> None:
     assert [r["index"] for r in reader.steps()] == list(range(seen + 20))
     del it
     reader.close()
+
+
+# ------------------------------------------------ iter() made, no batch asked for yet
+def test_an_iterator_made_and_not_asked_is_outside_the_loop_until_its_first_batch(
+    p: probe.Probe,
+) -> None:
+    """iter() of a watched loader makes its iterator at once (as the loader's own does);
+    a script that does its setup before the first next() is outside the loop meanwhile,
+    not in a fetch that hangs, and that setup is in no step's wait."""
+    reader = attached(p)
+    batches = iter(p.watch(DataLoader(torch.arange(40.0), batch_size=4, num_workers=1)))
+    assert p._loop == "in-loop"  # iter() is the pass's start (workers forked)
+    assert wait_for(lambda: p._loop == "outside")  # within LEFT_FETCH_S
+    assert (p._loop_exit, p._passes) == ("not-iterated", 0)
+    time.sleep(0.5)  # more setup
+    assert len(list(batches)) == 10
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "exhausted", 0)
+    p.close()
+    reader.pump(1.0)
+    reader.close()
+    steps = reader.steps()
+    assert [s["index"] for s in steps] == list(range(10))
+    assert steps[0]["wait_s"] < 0.5, steps[0]  # its fetch and iter(): not the 1.5 s setup
+    hows = [loop["how"] for loop in reader.of_kind("loop")]
+    assert hows[-3:] == ["not-iterated", None, "exhausted"], hows
+
+
+def test_an_iterator_let_go_of_unused_leaves_the_loop(p: probe.Probe) -> None:
+    iter(p.watch(DataLoader(torch.arange(8.0), batch_size=4)))
+    gc.collect()
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "not-iterated", 0)
+
+
+def test_an_iterator_made_first_leaves_the_next_pass_the_outermost(p: probe.Probe) -> None:
+    """A script that makes its evaluation loader's iterator before the training loop
+    (one batch of it every few steps): the training pass is the outermost (C-timed),
+    not a loop inside the evaluation's, which is entered inside it at its first batch."""
+    evaluation = iter(p.watch(list(range(100, 110))))
+    seen = []
+    for i, _ in enumerate(p.watch(np.arange(60.0).reshape(60, 1), samples=1)):
+        if i == 5:
+            assert p._segment is not None and p._passes == 1  # C-timed: the only pass
+        if i % 20 == 19:
+            seen.append(next(evaluation))
+            assert p._passes == 2
+    assert seen == [100, 101, 102]
+    assert (p._passes, p._loop) == (1, "in-loop")  # the evaluation's pass stays open
+    del evaluation
+    gc.collect()
+    assert (p._passes, p._loop) == (0, "outside")

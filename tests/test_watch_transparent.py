@@ -15,25 +15,11 @@ import numpy as np
 import pytest
 
 from gputop_dl import probe
-from gputop_dl.probe import stamps
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("no_probe_left_behind")
-
-
-@pytest.fixture(autouse=True)
-def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stamps, "CHUNK_STEPS", 7)  # a pass of 60 crosses several
-
-
-@pytest.fixture
-def p() -> Iterator[probe.Probe]:
-    live = probe.Probe(name="transparent", system_interval_s=0)
-    assert live.enabled, live.error
-    yield live
-    live.close()
+pytestmark = pytest.mark.usefixtures("no_probe_left_behind", "small_segments")
 
 
 class EpochLoader:
@@ -191,3 +177,75 @@ def test_a_watched_iterator_times_the_steps_next_asks_for(p: probe.Probe) -> Non
 def test_a_watched_loader_is_still_no_iterator(p: probe.Probe) -> None:
     with pytest.raises(TypeError, match="not an iterator"):
         next(p.watch([1, 2]))  # type: ignore[call-overload]  # as next([1, 2])
+
+
+class Recorded:
+    """An iterable whose ``iter()`` is seen: the pass's work starts there (a DataLoader
+    forks its workers, which prefetch while the training does what comes before its
+    first ``next()``; it draws its seed from torch's generator)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.made = 0
+        self.fail = fail
+
+    def __iter__(self) -> Iterator[int]:
+        self.made += 1
+        if self.fail:
+            raise OSError("no such shard")
+        return iter(range(5))
+
+
+def test_iter_of_a_watched_loader_makes_its_iterator_at_once(p: probe.Probe) -> None:
+    """iter() of a watched loader waited for the first next() to call the loader's: a
+    DataLoader's workers started late (the first batch after a second of setup took
+    326 ms where the bare loader's was ready), and iter()'s exception came at next()."""
+    for wrap in (lambda x: x, p.watch):
+        loader = Recorded()
+        it = iter(wrap(loader))
+        assert loader.made == 1
+        assert list(it) == [0, 1, 2, 3, 4] and loader.made == 1
+        with pytest.raises(OSError, match="no such shard"):
+            iter(wrap(Recorded(fail=True)))
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "exception:OSError", 0)
+
+
+def test_lightnings_check_that_a_loader_is_iterable_calls_nothing_of_the_loader(
+    p: probe.Probe,
+) -> None:
+    """Lightning calls iter() on a loader that is no DataLoader (a watched one) only to
+    check it is iterable, and drops the iterator; a DataLoader it does not. The loader's
+    own iter() there would draw its seed from torch's generator (every epoch's shuffle
+    changed) and fork its workers for nothing: it waits for a first batch."""
+    pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from lightning.pytorch.trainer.connectors.data_connector import (
+        _check_dataloader_iterable,
+        _DataLoaderSource,
+    )
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    loader = Recorded()
+    _check_dataloader_iterable(p.watch(loader), _DataLoaderSource(None, ""), TrainerFn.FITTING)
+    assert loader.made == 0
+    assert (p._loop, p._passes) == ("not-started", 0)  # no pass entered
+
+
+class Stream(torch.utils.data.IterableDataset[int]):  # type: ignore[misc]
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(6))
+
+
+def length(make: Callable[[], Any]) -> Any:
+    """``len(make())``, or the TypeError's text."""
+    try:
+        return len(make())
+    except TypeError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("dataset", [range(10), Stream()], ids=["map-style", "iterable"])
+def test_a_passs_length_before_its_first_batch_is_its_iterators(
+    p: probe.Probe, dataset: Any
+) -> None:
+    bare = DataLoader(dataset, batch_size=4)
+    assert length(lambda: iter(p.watch(bare))) == length(lambda: iter(bare))
+    assert length(lambda: iter(p.watch([1, 2]))) == length(lambda: iter([1, 2]))  # TypeError

@@ -472,6 +472,9 @@ _LEFT_BY = {
     # The loader raised where the probe's C-timed steps left it no frame to see the
     # exception's type (docs/protocol.md, loop_exit).
     "exception": "the loader raised an exception",
+    # iter() of the watched loader ran, no batch asked of its iterator yet (the
+    # script does something else between the two, or let go of the iterator)
+    "not-iterated": "the loader's iterator was made, no batch asked of it",
 }
 
 
@@ -526,6 +529,11 @@ def _outside(window: Window) -> Verdict | None:
         )
     elif how.startswith(MARKED):
         headline = f"Outside the training loop for {fmt.dur(away)}: {how.removeprefix(MARKED)}"
+    elif how == "not-iterated":
+        headline = (
+            f"Outside the training loop for {fmt.dur(away)}: iter() made its loader's "
+            "iterator, no batch asked for yet"
+        )
     else:
         headline = f"Outside the training loop for {fmt.dur(away)} (evaluation or checkpoint?)"
     evidence = [

@@ -46,6 +46,24 @@ class HookTimer:
         self.phases = PhaseClock()
         self._away: Any = None  # the probe's Outside while the framework is away
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (Lightning's ddp_spawn sends the callbacks to each process it starts):
+        no probe goes along, nor a step under way. A probe is its own process's
+        (sockets, threads, locks: "cannot pickle '_thread.RLock' object" stopped the
+        fit); the copy uses its process's default probe."""
+        return {
+            **self.__dict__,
+            "_given": None,
+            "_t_prev": None,
+            "_away": None,
+            "phases": PhaseClock(),
+        }
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HookTimer:
+        """A copy in this process (a framework's deepcopy of its callbacks): the same
+        probe, no step under way."""
+        return HookTimer(self._given)
+
     def _probe(self) -> Any:
         if self._given is None:
             from gputop_dl import probe
