@@ -210,6 +210,11 @@ class Outside:
                 p._last_mark = time.perf_counter()
 
 
+# Loop.how for a framework's loop the training thread left without its end hook (the
+# HF Trainer has none for an exception): an exception, its type unseen.
+FRAMEWORK_EXCEPTION = "framework-exception"
+
+
 class HeldPass:
     """A watched pass, for the publisher: did its loader's last fetch raise, with the
     training gone elsewhere without asking again? Then the pass is left: the loop is
@@ -361,6 +366,10 @@ class Probe:
         # wait when it drains that step (LoaderPasses.waits): no work a step here.
         self._starts_due: deque[int] = deque(maxlen=PASS_STARTS_KEPT * PASS_START_LOADERS)
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
+        # The framework's training loop a hook-timed loop runs in (stack.loop_code): the
+        # publisher sees it left when the training thread is no longer in it.
+        self._loop_code: CodeType | None = None
+        self._loop_code_seen = 0.0  # time.monotonic() the publisher last looked
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
 
@@ -428,6 +437,12 @@ class Probe:
             )
         if self._system_interval_s > 0:
             self._sampler = _make_sampler(self)
+        # Imported here, not on the publisher's thread: a module that makes dataclasses
+        # runs exec(), which in CPython 3.11 clears the mark that the main thread is
+        # ending on Ctrl-C, and a script stopped in the probe's first ~0.1 s then exited
+        # with status 1, not by SIGINT (a shell loop over runs went on to the next).
+        import gputop_dl.probe.collectors.cgroup  # noqa: F401
+
         self._thread = threading.Thread(target=self._run, name="gputop-publisher", daemon=True)
         self._thread.start()
 
@@ -612,6 +627,8 @@ class Probe:
         A step left open (``break``, an exception) is dropped, not guessed. ``held`` and
         ``segment``: the pass and its running C-timed segment, if any."""
         now = time.time()
+        if held is None:
+            self._loop_code = None  # a framework's loop (HookTimer) ended as it says
         with self._loop_lock:
             if held is not None and held.left:
                 # Counted as left when the publisher saw it (its fetch raised): another
@@ -619,7 +636,9 @@ class Probe:
                 if segment is not None and self._segment is segment:
                     self._end_segment(segment, close=False)
                 return
-            if held is not None and held in self._open_passes:
+            if held is not None:
+                if held not in self._open_passes:
+                    return  # never entered (it stopped before, a Ctrl-C even): none to leave
                 self._open_passes.remove(held)
             self._passes = max(0, self._passes - 1)
         self._open = None
@@ -989,6 +1008,7 @@ class Probe:
                     last_hello = now
                     send_hello()
                 self._check_left_fetch(now)
+                self._check_framework_left(now)
                 events = self._loop_events
                 for _ in range(len(events) - LOOP_MESSAGES_PER_FLUSH):
                     events.popleft()  # older changes, which viewers would only overwrite
@@ -1102,6 +1122,27 @@ class Probe:
         # The C-timed chain handed the exception on: its type unseen.
         since = (time.perf_counter_ns() - segment.stamps[-1]) / 1e9
         self._declare_left(held, "exception", since, (segment, readings))
+
+    def _check_framework_left(self, now: float) -> None:
+        """Publisher thread: a framework's hook-timed loop (one with no hook for an
+        exception: the HF Trainer's) is left, FRAMEWORK_EXCEPTION, when the training thread no
+        longer runs its loop's code. Looked at once per LEFT_FETCH_S. ``now``:
+        time.monotonic()."""
+        code, thread = self._loop_code, self._train_thread
+        if code is None or thread is None:
+            return  # (in its loop or away from it: an evaluation it runs)
+        if now - self._loop_code_seen < LEFT_FETCH_S:
+            return
+        self._loop_code_seen = now
+        if stacks.runs_code(thread, code):
+            return
+        with self._loop_lock:
+            if self._loop_code is not code:
+                return  # left or entered again meanwhile
+            self._loop_code = None
+            self._passes = max(0, self._passes - 1)
+            if not self._passes:
+                self._mark_loop("outside", FRAMEWORK_EXCEPTION)
 
     def _declare_left(
         self, held: HeldPass, how: str, since: float, fetch: tuple[Segment, int] | None = None

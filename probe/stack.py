@@ -85,6 +85,45 @@ AWAY_FRAMES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
 )
 KEPT_AWAY = 2  # such frames kept past the innermost ones (a model's forward is deep)
 
+# A framework's training loop with no hook for an exception that leaves it (file,
+# function): the HF Trainer's. Its callback notes the frame's code as it starts an
+# epoch; a training thread no longer in it has left the loop (a notebook keeps the
+# process after the exception: it read "Stalled" for good).
+LOOP_FRAMES: tuple[tuple[str, str], ...] = (("transformers/trainer.py", "_inner_training_loop"),)
+LOOP_FRAME_DEPTH = 16  # how far up from the callback the loop's frame is looked for
+
+
+def loop_code(frame: FrameType | None) -> CodeType | None:
+    """The code of the framework's training loop (LOOP_FRAMES) ``frame`` runs inside."""
+    for _ in range(LOOP_FRAME_DEPTH):
+        if frame is None:
+            return None
+        code = frame.f_code
+        for path, function in LOOP_FRAMES:
+            if code.co_name == function and code.co_filename.replace("\\", "/").endswith(path):
+                return code
+        frame = frame.f_back
+    return None
+
+
+def runs_code(
+    thread_id: int,
+    code: CodeType,
+    current_frames: Callable[[], dict[int, FrameType]] = sys._current_frames,
+) -> bool:
+    """Whether a frame of ``code`` is on thread ``thread_id``'s stack (False: the thread
+    is gone, or left it)."""
+    frames = current_frames()
+    try:
+        frame: FrameType | None = frames.get(thread_id)
+        while frame is not None:
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        del frames  # a frame reference keeps every local of its thread alive
+
 
 def away_in(file: str, function: str) -> str | None:
     """The framework code a frame of ``file`` running ``function`` (qualified) is in,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from _thread import RLock, get_ident
+from _thread import RLock, get_ident, interrupt_main, start_new_thread
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -142,6 +142,14 @@ class _Turns:
         self.ended: list[bool] = []  # [True]: the shared iterator ran out
         self.kept: tuple[Any, ...] = ()  # what the shared pass's threads may be in
         self.stale: tuple[Any, ...] = ()  # C stretches that ended in a fetch (STALE_KEPT)
+
+
+def _interrupt_again() -> None:
+    """A Ctrl-C that landed in the probe's lines while a pass was let go of, where a
+    finalizer prints any exception and drops it (the training went on): delivered to the
+    main thread again, from another thread, so that it comes in the training's own code
+    a few milliseconds later (from this thread it came at once, inside the finalizer)."""
+    start_new_thread(interrupt_main, ())
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
@@ -354,171 +362,177 @@ class Watched(Generic[T]):
         instance = loader.unwrap(self._iterable)[0]
         key = loader.identity(instance)
         early = probe._leave_pending() == 0
-        if early:
-            probe._loop_entered(None, self._framework, key, instance, held)
         try:
+            if early:
+                probe._loop_entered(None, self._framework, key, instance, held)
             iterator = start(self._iterable)
-        except BaseException as exc:
-            if early:
-                probe._loop_left(f"exception:{type(exc).__name__}", held)
+        except BaseException as exc:  # (a Ctrl-C inside _loop_entered: none left open)
+            probe._loop_left(f"exception:{type(exc).__name__}", held)
             raise
-        made = perf() - t0  # iter()'s own time: in the first step's wait
-        turns.iterator = iterator
-        held.fetcher = fetch_code(iterator)
-        if early:  # until the first next(), the publisher may see the pass as not iterated
-            held.raised_at = time.monotonic()
-            raised.append(NOT_ITERATED)
+        # Let go of (a `break`, the pass dropped): a Ctrl-C landing in these lines then
+        # is the training's, and a finalizer would print it and drop it (the training
+        # went on). It is delivered to the main thread again, where it came.
+        closing = False
         try:
-            yield ()  # an empty stretch: the chain asks for the next at its first next()
-        except GeneratorExit:  # let go of with no batch asked for
-            if early:
-                probe._loop_left(NOT_ITERATED, held)
-            raise
-        if early:
-            raised.clear()
-            probe._rejoined(held)
-        t0 = perf() - made
-        try:
-            info = self._pass_info(iterator)
-            if early:
-                probe._loop_described(info, key)
-            else:
-                probe._loop_entered(info, self._framework, key, instance, held)
-            pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
-            count = self._count
-            open_step = probe._open_step
-            close_step = probe._close_step
-            append = probe._steps.append
-            # Steps whose count is known without looking at the batch (batch_plan):
-            # those before position `known` hold `full` samples, the one at `known` (the
-            # pass's last) `last`. The first batch is counted all the same: if it
-            # disagrees, every batch is counted.
-            plan = self._plan()
-            full = last = 0
-            known = -1
-            # The probe's own counter (loader.counting) never raises, so the C-timed
-            # stretches call it bare; a user's samples= function stays in this loop,
-            # where its errors are caught.
-            own_counter = self._samples is None
-            position = 0  # the loader's batch position: batches passed on, and fetches that raised
-            checked = False  # the first batch's count held against the plan
-            stretch: Iterator[Any] | None
-            batch: Any
-            while True:  # Python-timed steps, then C-timed ones while this loop is alone
-                while True:
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        return  # exhausted
-                    except BaseException as exc:  # the loader's: the training's to handle
-                        held.raised_at = time.monotonic()  # before the publisher sees it
-                        raised.append(f"exception:{type(exc).__name__}")
-                        stretch = _raising(exc)
-                    else:
-                        stretch = None
-                    if stretch is not None:
-                        position += 1  # (a torch DataLoader's sampler moved past the batch)
-                        yield stretch
-                        stretch = None
-                        raised.clear()  # asked again: the pass goes on
-                        probe._rejoined(held)
-                        t0 = perf()
-                        continue
-                    t1 = perf()
-                    n: int | None
-                    if position < known:
-                        n = full
-                    elif position == known:
-                        n = last
-                    else:
+            try:
+                made = perf() - t0  # iter()'s own time: in the first step's wait
+                turns.iterator = iterator
+                held.fetcher = fetch_code(iterator)
+                if early:  # until the first next(), the publisher may see it not iterated
+                    held.raised_at = time.monotonic()
+                    raised.append(NOT_ITERATED)
+                yield ()  # an empty stretch: the chain asks for the next at its first next()
+                if early:
+                    raised.clear()
+                    probe._rejoined(held)
+                t0 = perf() - made
+                info = self._pass_info(iterator)
+                if early:
+                    probe._loop_described(info, key)
+                else:
+                    probe._loop_entered(info, self._framework, key, instance, held)
+                pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
+                count = self._count
+                open_step = probe._open_step
+                close_step = probe._close_step
+                append = probe._steps.append
+                # Steps whose count is known without looking at the batch (batch_plan):
+                # those before position `known` hold `full` samples, the one at `known` (the
+                # pass's last) `last`. The first batch is counted all the same: if it
+                # disagrees, every batch is counted.
+                plan = self._plan()
+                full = last = 0
+                known = -1
+                # The probe's own counter (loader.counting) never raises, so the C-timed
+                # stretches call it bare; a user's samples= function stays in this loop,
+                # where its errors are caught.
+                own_counter = self._samples is None
+                position = (
+                    0  # the loader's batch position: batches passed on, and fetches that raised
+                )
+                checked = False  # the first batch's count held against the plan
+                stretch: Iterator[Any] | None
+                batch: Any
+                while True:  # Python-timed steps, then C-timed ones while this loop is alone
+                    while True:
                         try:
-                            n = count(batch)
-                        except Exception:  # a user's counting function must not stop training
-                            n = None
-                        if not checked and plan is not None and n in (None, plan[0]):
-                            full, known, last = plan
-                            n = full if position < known else last
-                        checked = True
-                    # Host timing settled (no CUDA events): _open_step and _close_step
-                    # inlined, the step's times kept here, nothing allocated but the record
-                    # (two thirds of this loop's cost; bench/probe_overhead.py).
-                    fast = probe._host_only
-                    if fast:
-                        probe._open = OPENED_IN_WATCH
-                    else:
-                        open_step(t0, t1, n)
-                    if pids_late:  # generator loaders start their workers on the first next()
-                        pids_late = False
-                        _late_pids(probe, info, iterator)
-                    yield (batch,)
-                    t_next = perf()
-                    batch = None  # not held through the next fetch (the loop may drop it)
-                    opened = probe._open
-                    if opened is not None:  # else a nested watched loop closed it
-                        if not fast:
-                            close_step(t_next)
+                            batch = next(iterator)
+                        except StopIteration:
+                            return  # exhausted
+                        except BaseException as exc:  # the loader's: the training's to handle
+                            held.raised_at = time.monotonic()  # before the publisher sees it
+                            raised.append(f"exception:{type(exc).__name__}")
+                            stretch = _raising(exc)
                         else:
-                            if opened is not OPENED_IN_WATCH:  # probe.step(samples) said
-                                n = opened[2]
-                            probe._open = None
-                            index = probe._index
-                            append((index, t0, t1, t_next, n, None, None))
-                            probe._index = index + 1
-                    t0 = t_next
-                    position += 1
-                    # Timing and counts settled (the rest of the plan, or our own counter):
-                    # the rest of the pass runs in C (probe/stamps.py).
-                    counts_settled = position <= known or (known < 0 and own_counter)
-                    alone = probe._passes == 1 and probe.enabled  # no other loop's steps
-                    if fast and counts_settled and alone and not pids_late:
-                        break
-                del batch  # the frame lives as long as the pass: it must not keep this batch
-                settled_plan = plan if known >= 0 else None  # None: each batch counted
-                while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
-                    segment = Segment(probe._index, position, settled_plan)
-                    probe._begin_segment(segment)
-                    if segment.counts is None:  # counts from the plan: the chain is all
-                        turns.current = segment.timed(iterator)
-                    else:
-                        turns.current = self._counted(segment, iterator, held)
-                    turns.segment = segment
-                    yield turns.current
-                    if segment.in_fetch():
-                        # Another thread may be inside it, its fetch under way (or the
-                        # fetch raised: odd for good). One thread is in one at most, the
-                        # newest: the last few are kept (one a raise grew without end).
-                        turns.stale = (*turns.stale[1 - STALE_KEPT :], turns.current)
-                    turns.current = turns.segment = None
-                    position += len(segment.stamps) // 2  # the batches it passed on
-                    ended, segment = segment, None
-                    in_fetch = probe._end_segment(ended)  # its last fetch did not return
-                    if raised or ended.fetch_raised():
-                        raised.clear()  # it raised, and the training asked again
-                        probe._rejoined(held)
-                        position += 1  # the batch that raised
-                        break  # on in Python: the fetch after the one that raised
-                    if in_fetch:
-                        return  # exhausted (the fetch found the loader empty)
-                t0 = perf()  # on in Python: after a fetch that raised, or inside another loop
-        except GeneratorExit:
-            # The chain was let go of: the loop left by `break`, or after the loader
-            # raised (the training did not ask again). In a C-timed stretch its exception
-            # went to the training past this frame: a counting stretch saw its type; a
-            # plan's chain only left the fetch begun (an odd count of readings).
-            if turns.rest is not None:
-                how = SHARED_HOW
-            elif raised:
-                how = raised[0]
-            elif segment is not None and segment.in_fetch():
-                how = "exception"
-            else:
-                how = "break"
-            raise
-        except BaseException as exc:  # the probe's own, which the training must not see
-            how = f"exception:{type(exc).__name__}"
-            raise
-        finally:
-            probe._loop_left(how, held, segment)
+                            stretch = None
+                        if stretch is not None:
+                            position += 1  # (a torch DataLoader's sampler moved past the batch)
+                            yield stretch
+                            stretch = None
+                            raised.clear()  # asked again: the pass goes on
+                            probe._rejoined(held)
+                            t0 = perf()
+                            continue
+                        t1 = perf()
+                        n: int | None
+                        if position < known:
+                            n = full
+                        elif position == known:
+                            n = last
+                        else:
+                            try:
+                                n = count(batch)
+                            except Exception:  # a user's counting function must not stop training
+                                n = None
+                            if not checked and plan is not None and n in (None, plan[0]):
+                                full, known, last = plan
+                                n = full if position < known else last
+                            checked = True
+                        # Host timing settled (no CUDA events): _open_step and _close_step
+                        # inlined, the step's times kept here, nothing allocated but the record
+                        # (two thirds of this loop's cost; bench/probe_overhead.py).
+                        fast = probe._host_only
+                        if fast:
+                            probe._open = OPENED_IN_WATCH
+                        else:
+                            open_step(t0, t1, n)
+                        if pids_late:  # generator loaders start their workers on the first next()
+                            pids_late = False
+                            _late_pids(probe, info, iterator)
+                        yield (batch,)
+                        t_next = perf()
+                        batch = None  # not held through the next fetch (the loop may drop it)
+                        opened = probe._open
+                        if opened is not None:  # else a nested watched loop closed it
+                            if not fast:
+                                close_step(t_next)
+                            else:
+                                if opened is not OPENED_IN_WATCH:  # probe.step(samples) said
+                                    n = opened[2]
+                                probe._open = None
+                                index = probe._index
+                                append((index, t0, t1, t_next, n, None, None))
+                                probe._index = index + 1
+                        t0 = t_next
+                        position += 1
+                        # Timing and counts settled (the rest of the plan, or our own counter):
+                        # the rest of the pass runs in C (probe/stamps.py).
+                        counts_settled = position <= known or (known < 0 and own_counter)
+                        alone = probe._passes == 1 and probe.enabled  # no other loop's steps
+                        if fast and counts_settled and alone and not pids_late:
+                            break
+                    del batch  # the frame lives as long as the pass: it must not keep this batch
+                    settled_plan = plan if known >= 0 else None  # None: each batch counted
+                    while probe._passes == 1 and probe.enabled:  # a loop entered inside seals it
+                        segment = Segment(probe._index, position, settled_plan)
+                        probe._begin_segment(segment)
+                        if segment.counts is None:  # counts from the plan: the chain is all
+                            turns.current = segment.timed(iterator)
+                        else:
+                            turns.current = self._counted(segment, iterator, held)
+                        turns.segment = segment
+                        yield turns.current
+                        if segment.in_fetch():
+                            # Another thread may be inside it, its fetch under way (or the
+                            # fetch raised: odd for good). One thread is in one at most, the
+                            # newest: the last few are kept (one a raise grew without end).
+                            turns.stale = (*turns.stale[1 - STALE_KEPT :], turns.current)
+                        turns.current = turns.segment = None
+                        position += len(segment.stamps) // 2  # the batches it passed on
+                        ended, segment = segment, None
+                        in_fetch = probe._end_segment(ended)  # its last fetch did not return
+                        if raised or ended.fetch_raised():
+                            raised.clear()  # it raised, and the training asked again
+                            probe._rejoined(held)
+                            position += 1  # the batch that raised
+                            break  # on in Python: the fetch after the one that raised
+                        if in_fetch:
+                            return  # exhausted (the fetch found the loader empty)
+                    t0 = perf()  # on in Python: after a fetch that raised, or inside another loop
+            except GeneratorExit:
+                closing = True
+                # The chain was let go of: the loop left by `break`, or after the loader
+                # raised (the training did not ask again). In a C-timed stretch its exception
+                # went to the training past this frame: a counting stretch saw its type; a
+                # plan's chain only left the fetch begun (an odd count of readings).
+                if turns.rest is not None:
+                    how = SHARED_HOW
+                elif raised:
+                    how = raised[0]
+                elif segment is not None and segment.in_fetch():
+                    how = "exception"
+                else:
+                    how = "break"
+                raise
+            except BaseException as exc:  # the probe's own, which the training must not see
+                how = f"exception:{type(exc).__name__}"
+                raise
+            finally:
+                probe._loop_left(how, held, segment)
+        except KeyboardInterrupt as exc:
+            if not (closing or isinstance(exc.__context__, GeneratorExit)):
+                raise
+            _interrupt_again()
 
     def _counted(self, segment: Segment, iterator: Iterator[T], held: HeldPass) -> Iterator[T]:
         """A C-timed segment's batches, each counted here, in this frame, the way its
@@ -555,9 +569,15 @@ class Watched(Generic[T]):
                     closing = True
                     raise
         except BaseException as exc:
-            if not closing:
-                held.raised_at = time.monotonic()  # before the publisher sees the raise
-                held.raised.append(f"exception:{type(exc).__name__}")
+            if isinstance(exc, KeyboardInterrupt) and (
+                closing or isinstance(exc.__context__, GeneratorExit)
+            ):
+                _interrupt_again()  # the training's (see _stretches)
+                return
+            if closing:
+                raise
+            held.raised_at = time.monotonic()  # before the publisher sees the raise
+            held.raised.append(f"exception:{type(exc).__name__}")
             raise
 
     def _plan(self) -> tuple[int, int, int] | None:

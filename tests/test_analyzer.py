@@ -1470,6 +1470,11 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
         ("break", "25 s (evaluation or checkpoint?)", "(the loop broke off)"),
         ("exhausted", "25 s (evaluation or checkpoint?)", "(the loader ran out)"),
         (
+            "framework-exception",
+            "25 s: the framework's loop ended with an exception",
+            "(the framework's loop was left without its end: an exception)",
+        ),
+        (
             "not-iterated",
             "25 s: iter() made its loader's iterator, no batch asked for yet",
             "(the loader's iterator was made, no batch asked of it)",

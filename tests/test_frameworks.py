@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from gputop_dl import probe
+from gputop_dl.probe import core
 from gputop_dl.probe import loader as loader_mod
 
 torch = pytest.importorskip("torch", reason="the frameworks train torch models")
@@ -353,8 +354,19 @@ class Regressor(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
+class FailsAtStep7(Regressor):
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        if len(self.seen) == 6:
+            raise ValueError("bad batch")
+        return super().forward(x, labels)
+
+
 def hf_run(
-    watch: bool, tmp_path: Path, callbacks: tuple[Any, ...] = (), **args: Any
+    watch: bool,
+    tmp_path: Path,
+    callbacks: tuple[Any, ...] = (),
+    model_class: type[Regressor] = Regressor,
+    **args: Any,
 ) -> tuple[list[list[float]], float, Any]:
     transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
     pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
@@ -364,7 +376,7 @@ def hf_run(
             return probe.watch(super().get_train_dataloader())
 
     transformers.set_seed(0)
-    model = Regressor()
+    model = model_class()
     targs = hf_quiet_args(
         transformers,
         str(tmp_path / ("w" if watch else "p")),
@@ -408,6 +420,27 @@ def test_hf_callback_times_every_step(p: probe.Probe, tmp_path: Path) -> None:
     assert p._framework == "transformers"  # type: ignore[attr-defined]
     info = p._loader_info
     assert info is not None and info.wrapper == "accelerate.DataLoaderShard"
+
+
+def test_an_hf_training_that_raised_is_outside_its_loop_not_stalled(
+    p: probe.Probe, tmp_path: Path
+) -> None:
+    """The HF Trainer has no callback event for an exception: a notebook that keeps the
+    process after a failed train() was "in the loop", its step open, a stall (critical)
+    for good. The probe sees the training thread leave the Trainer's loop."""
+    pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.transformers import GputopCallback
+
+    with pytest.raises(ValueError, match="bad batch"):
+        hf_run(False, tmp_path, callbacks=(GputopCallback(),), model_class=FailsAtStep7)
+    assert p._index == 6
+    deadline = time.monotonic() + 3 * core.LEFT_FETCH_S + 2
+    while p._loop != "outside" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (p._loop, p._loop_exit, p._passes) == ("outside", "framework-exception", 0)
+    # A train() again: timed as before.
+    hf_run(False, tmp_path, callbacks=(GputopCallback(),), num_train_epochs=1)
+    assert p._index == 6 + 5 and (p._loop, p._loop_exit) == ("outside", "exhausted")
 
 
 @pytest.mark.parametrize("save", ["steps", "best"])

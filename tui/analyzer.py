@@ -475,6 +475,9 @@ _LEFT_BY = {
     # iter() of the watched loader ran, no batch asked of its iterator yet (the
     # script does something else between the two, or let go of the iterator)
     "not-iterated": "the loader's iterator was made, no batch asked of it",
+    # the training thread left a framework's loop without its end (the HF Trainer has
+    # no callback event for an exception)
+    "framework-exception": "the framework's loop was left without its end: an exception",
 }
 
 
@@ -529,6 +532,11 @@ def _outside(window: Window) -> Verdict | None:
         )
     elif how.startswith(MARKED):
         headline = f"Outside the training loop for {fmt.dur(away)}: {how.removeprefix(MARKED)}"
+    elif how == "framework-exception":
+        headline = (
+            f"Outside the training loop for {fmt.dur(away)}: the framework's loop ended "
+            "with an exception"
+        )
     elif how == "not-iterated":
         headline = (
             f"Outside the training loop for {fmt.dur(away)}: iter() made its loader's "

@@ -10,10 +10,12 @@ probe's phase log, as ``with probe.phase(name)`` would log them.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 from gputop_dl.probe import loader
+from gputop_dl.probe import stack as stacks
 
 
 class PhaseClock:
@@ -94,6 +96,9 @@ class HookTimer:
         instance = loader.unwrap(dataloader)[0] if dataloader is not None else None
         key = loader.identity(instance) if instance is not None else None
         p._loop_entered(info, framework, key, instance)
+        # The framework's loop frame, where it has no hook for an exception (HF): the
+        # probe sees the loop left when the training thread is no longer in it.
+        p._loop_code = stacks.loop_code(sys._getframe(1))
         self._t_prev = time.perf_counter()
 
     def away(self, what: str) -> None:
