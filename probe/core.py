@@ -368,7 +368,7 @@ class Probe:
         self._train_thread: int | None = None  # whose stack a stall takes (probe/stack.py)
         # The framework's training loop a hook-timed loop runs in (stack.loop_code): the
         # publisher sees it left when the training thread is no longer in it.
-        self._loop_code: CodeType | None = None
+        self._loop_code: tuple[CodeType, int] | None = None  # and the thread running it
         self._loop_code_seen = 0.0  # time.monotonic() the publisher last looked
         # (rank, local rank, world size) from a framework callback; see _set_ranks.
         self._framework_ranks: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -1128,16 +1128,14 @@ class Probe:
         exception: the HF Trainer's) is left, FRAMEWORK_EXCEPTION, when the training thread no
         longer runs its loop's code. Looked at once per LEFT_FETCH_S. ``now``:
         time.monotonic()."""
-        code, thread = self._loop_code, self._train_thread
-        if code is None or thread is None:
-            return  # (in its loop or away from it: an evaluation it runs)
-        if now - self._loop_code_seen < LEFT_FETCH_S:
+        seen = self._loop_code  # (in its loop or away from it: an evaluation it runs)
+        if seen is None or now - self._loop_code_seen < LEFT_FETCH_S:
             return
         self._loop_code_seen = now
-        if stacks.runs_code(thread, code):
+        if stacks.runs_code(seen[1], seen[0]):
             return
         with self._loop_lock:
-            if self._loop_code is not code:
+            if self._loop_code is not seen:
                 return  # left or entered again meanwhile
             self._loop_code = None
             self._passes = max(0, self._passes - 1)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from _thread import RLock, get_ident, interrupt_main, start_new_thread
+from _thread import RLock, get_ident, start_new_thread
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, repeat
+from signal import SIGINT, pthread_kill
+from threading import main_thread
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gputop_dl.probe import loader
@@ -44,8 +46,9 @@ SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not
 # LEFT_FETCH_S: the training does something else first), or let go of so.
 NOT_ITERATED = "not-iterated"
 # Callers that call iter() on a loader that is no DataLoader only to check that it is
-# iterable, and drop the iterator, where a DataLoader's iter() is not called: there the
-# loader's own iter() waits for the pass's first batch (code name, file name's end).
+# iterable, and drop the iterator, where a DataLoader's iter() is not called: there a
+# watched DataLoader's own iter() waits for the pass's first batch (code name, file
+# name's end).
 ITERABLE_CHECKS = frozenset(
     {("_check_dataloader_iterable", "connectors/data_connector.py")}  # Lightning's fit
 )
@@ -97,6 +100,7 @@ class _Pass(chain[T]):
 
     def close(self) -> None:
         """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
+        self.turns.closed_by_call = True  # a Ctrl-C in the probe's lines is raised here
         self.stretches.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -118,6 +122,7 @@ class _Turns:
     in a fetch, the loader's iterator once shared) is kept while the pass is held."""
 
     __slots__ = (
+        "closed_by_call",
         "current",
         "ended",
         "iterator",
@@ -142,14 +147,23 @@ class _Turns:
         self.ended: list[bool] = []  # [True]: the shared iterator ran out
         self.kept: tuple[Any, ...] = ()  # what the shared pass's threads may be in
         self.stale: tuple[Any, ...] = ()  # C stretches that ended in a fetch (STALE_KEPT)
+        self.closed_by_call = False  # close() called, not a finalizer's close
 
 
 def _interrupt_again() -> None:
     """A Ctrl-C that landed in the probe's lines while a pass was let go of, where a
-    finalizer prints any exception and drops it (the training went on): delivered to the
-    main thread again, from another thread, so that it comes in the training's own code
-    a few milliseconds later (from this thread it came at once, inside the finalizer)."""
-    start_new_thread(interrupt_main, ())
+    finalizer prints any exception and drops it (the training went on): SIGINT sent to
+    the main thread again, from another thread, so that it comes in the training's own
+    code a few milliseconds later (from this thread it came at once, inside the
+    finalizer), a blocking wait there interrupted as by the first (interrupt_main()
+    only flags the main thread: a wait went on to its end)."""
+    start_new_thread(_sigint_to_main, ())
+
+
+def _sigint_to_main() -> None:
+    ident = main_thread().ident
+    if ident is not None:
+        pthread_kill(ident, SIGINT)
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
@@ -302,7 +316,7 @@ class Watched(Generic[T]):
         checking = any(
             code.co_name == name and code.co_filename.replace("\\", "/").endswith(file)
             for name, file in ITERABLE_CHECKS
-        )
+        ) and loader.is_torch_loader(type(self._iterable))  # (it calls any other's iter())
         return self._pass(iter, eager=not checking)
 
     def _pass(self, start: Callable[[Any], Iterator[T]], eager: bool = True) -> Iterator[T]:
@@ -385,6 +399,9 @@ class Watched(Generic[T]):
                 if early:
                     raised.clear()
                     probe._rejoined(held)
+                    # The thread that iterates (iter() may have been called on another):
+                    # a stall's stack is taken of it.
+                    probe._train_thread = get_ident()
                 t0 = perf() - made
                 info = self._pass_info(iterator)
                 if early:
@@ -530,7 +547,8 @@ class Watched(Generic[T]):
             finally:
                 probe._loop_left(how, held, segment)
         except KeyboardInterrupt as exc:
-            if not (closing or isinstance(exc.__context__, GeneratorExit)):
+            closed = closing or isinstance(exc.__context__, GeneratorExit)
+            if not closed or turns.closed_by_call:  # close()'s caller gets it, as bare
                 raise
             _interrupt_again()
 

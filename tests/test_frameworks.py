@@ -15,6 +15,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -441,6 +442,40 @@ def test_an_hf_training_that_raised_is_outside_its_loop_not_stalled(
     # A train() again: timed as before.
     hf_run(False, tmp_path, callbacks=(GputopCallback(),), num_train_epochs=1)
     assert p._index == 6 + 5 and (p._loop, p._loop_exit) == ("outside", "exhausted")
+
+
+class SlowSteps(Regressor):
+    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
+        time.sleep(0.2)
+        return super().forward(x, labels)
+
+
+def test_an_hf_training_on_its_thread_is_not_seen_leaving_for_anothers_pass(
+    p: probe.Probe, tmp_path: Path
+) -> None:
+    """The Trainer's loop was looked for on the thread that entered a loop last: a
+    watched pass on the main thread beside a Trainer training on its own thread had
+    the training "ended with an exception" while it went on (a review)."""
+    pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.integrations.transformers import GputopCallback
+
+    callback = GputopCallback()
+    training = threading.Thread(
+        target=hf_run,
+        args=(False, tmp_path, (callback,), SlowSteps),
+        kwargs={"num_train_epochs": 3},
+    )
+    training.start()
+    while p._loop != "in-loop":
+        time.sleep(0.01)
+    assert list(p.watch(range(3))) == [0, 1, 2]  # a pass on this thread
+    exits = set()
+    while training.is_alive():
+        exits.add(p._loop_exit)
+        time.sleep(0.02)
+    training.join()
+    assert "framework-exception" not in exits, exits
+    assert p._index >= 15  # (a step of each may merge: two loops at once)
 
 
 @pytest.mark.parametrize("save", ["steps", "best"])

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # A loop that breaks off, a Ctrl-C landing in the probe's first line named AT as the
 # pass is let go of: the training's own line would have taken it.
 AT_BREAK = """
-import sys, time
+import sys, threading, time
 import numpy as np
 from gputop_dl import probe
 
@@ -48,12 +48,20 @@ def tracer(frame, event, arg):
     return local if frame.f_code.co_name == sys.argv[1] else None
 
 for epoch in range(3):
-    for i, batch in enumerate(loader):
+    it = iter(loader)
+    for i, batch in enumerate(it):
         if i == 40:
             sys.settrace(tracer)
+            if sys.argv[2] == "close":
+                it.close()  # raises it, as a bare generator's close() would
             break
+    del it
     sys.settrace(None)
-    time.sleep(0.5)  # the interrupt comes here, a few milliseconds late, or never
+    start = time.monotonic()
+    try:  # the interrupt comes here, a few milliseconds late (it ends the wait), or never
+        threading.Event().wait(5)
+    finally:
+        print(f"waited {time.monotonic() - start:.2f} s", flush=True)
     print(f"epoch {epoch}: the training went on", flush=True)
 """
 
@@ -70,16 +78,26 @@ def run(script: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.parametrize("at", ["_loop_left", "_counted"])
-def test_a_ctrl_c_in_the_probes_lines_at_a_break_reaches_the_training(at: str) -> None:
+@pytest.mark.parametrize(
+    ("at", "how"), [("_loop_left", "break"), ("_counted", "break"), ("_loop_left", "close")]
+)
+def test_a_ctrl_c_in_the_probes_lines_as_a_pass_is_let_go_of_reaches_the_training(
+    at: str, how: str
+) -> None:
     """The pass let go of at `break` is closed by its finalizer, which prints any
     exception and drops it: a Ctrl-C landing in the probe's lines there was lost ("Exception
-    ignored in: <generator object Watched._stretches>"), and the training went on."""
-    child = run(AT_BREAK, at)
+    ignored in: <generator object Watched._stretches>"), and the training went on. Sent
+    again, it ends a blocking wait as the first would have; an explicit close() raises
+    it, as a generator's does."""
+    child = run(AT_BREAK, at, how)
     out, err = child.communicate(timeout=60)
     assert child.returncode == -signal.SIGINT, (out, err)
     assert "went on" not in out and "Exception ignored" not in err, (out, err)
     assert err.rstrip().endswith("KeyboardInterrupt"), err
+    if how == "close":
+        assert "waited" not in out, (out, err)  # raised by close(), before the wait
+    else:
+        assert float(out.split()[-2]) < 2.5, out  # of 5 s: it came in the wait
 
 
 @pytest.mark.parametrize("interval", ["0", "0.2"], ids=["no-sampler", "sampler"])

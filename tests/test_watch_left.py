@@ -491,3 +491,18 @@ def test_an_iterator_made_first_leaves_the_next_pass_the_outermost(p: probe.Prob
     del evaluation
     gc.collect()
     assert (p._passes, p._loop) == (0, "outside")
+
+
+def test_the_thread_that_iterates_a_pass_made_on_another_is_the_training_thread(
+    p: probe.Probe,
+) -> None:
+    """iter() of a watched loader enters its pass at once, on the thread that calls it:
+    a pass made on the main thread and iterated on another took its stall's stack of the
+    main thread (found "not in the loader": its own work hanging, not a pass's start)."""
+    batches = iter(p.watch(list(range(5))))
+    assert p._train_thread == threading.get_ident()
+    seen: list[int] = []
+    worker = threading.Thread(target=lambda: seen.extend(batches))
+    worker.start()
+    worker.join()
+    assert seen == [0, 1, 2, 3, 4] and p._train_thread == worker.ident

@@ -209,13 +209,14 @@ def test_iter_of_a_watched_loader_makes_its_iterator_at_once(p: probe.Probe) -> 
     assert (p._loop, p._loop_exit, p._passes) == ("outside", "exception:OSError", 0)
 
 
-def test_lightnings_check_that_a_loader_is_iterable_calls_nothing_of_the_loader(
+def test_lightnings_check_that_a_loader_is_iterable_is_what_it_is_for_the_loader(
     p: probe.Probe,
 ) -> None:
-    """Lightning calls iter() on a loader that is no DataLoader (a watched one) only to
-    check it is iterable, and drops the iterator; a DataLoader it does not. The loader's
-    own iter() there would draw its seed from torch's generator (every epoch's shuffle
-    changed) and fork its workers for nothing: it waits for a first batch."""
+    """Lightning calls iter() on a loader that is no DataLoader (a watched one is none)
+    only to check it is iterable, and drops the iterator; on a DataLoader it calls
+    nothing. A watched DataLoader's iter() there would draw its seed from torch's
+    generator (every epoch's shuffle changed) and fork its workers for nothing: it waits
+    for a first batch. Any other loader's iter() runs, as it does bare."""
     pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
     from lightning.pytorch.trainer.connectors.data_connector import (
         _check_dataloader_iterable,
@@ -223,10 +224,19 @@ def test_lightnings_check_that_a_loader_is_iterable_calls_nothing_of_the_loader(
     )
     from lightning.pytorch.trainer.states import TrainerFn
 
-    loader = Recorded()
-    _check_dataloader_iterable(p.watch(loader), _DataLoaderSource(None, ""), TrainerFn.FITTING)
-    assert loader.made == 0
-    assert (p._loop, p._passes) == ("not-started", 0)  # no pass entered
+    def check(loader: Any) -> None:
+        _check_dataloader_iterable(loader, _DataLoaderSource(None, ""), TrainerFn.FITTING)
+
+    shuffled = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, shuffle=True)
+    for wrap in (lambda x: x, p.watch):
+        before = torch.get_rng_state()
+        check(wrap(shuffled))
+        assert torch.equal(torch.get_rng_state(), before)
+        other = Recorded()
+        check(wrap(other))
+        assert other.made == 1
+    iter(shuffled)
+    assert not torch.equal(torch.get_rng_state(), before)  # what a DataLoader's iter() does
 
 
 class Stream(torch.utils.data.IterableDataset[int]):  # type: ignore[misc]

@@ -11,6 +11,7 @@ probe's phase log, as ``with probe.phase(name)`` would log them.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -98,7 +99,8 @@ class HookTimer:
         p._loop_entered(info, framework, key, instance)
         # The framework's loop frame, where it has no hook for an exception (HF): the
         # probe sees the loop left when the training thread is no longer in it.
-        p._loop_code = stacks.loop_code(sys._getframe(1))
+        code = stacks.loop_code(sys._getframe(1))
+        p._loop_code = (code, threading.get_ident()) if code is not None else None
         self._t_prev = time.perf_counter()
 
     def away(self, what: str) -> None:
