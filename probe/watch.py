@@ -17,7 +17,7 @@ import time
 from _thread import RLock, get_ident, start_new_thread
 from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, repeat
-from signal import SIGINT, pthread_kill
+from signal import SIGINT, getsignal, pthread_kill
 from threading import main_thread
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -162,7 +162,8 @@ def _interrupt_again() -> None:
 
 def _sigint_to_main() -> None:
     ident = main_thread().ident
-    if ident is not None:
+    # (A Ctrl-C came through a handler of Python's: never SIG_DFL's kill here.)
+    if ident is not None and callable(getsignal(SIGINT)):
         pthread_kill(ident, SIGINT)
 
 

@@ -31,9 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # A loop that breaks off, a Ctrl-C landing in the probe's first line named AT as the
 # pass is let go of: the training's own line would have taken it.
 AT_BREAK = """
-import sys, threading, time
+import signal, sys, threading, time
 import numpy as np
 from gputop_dl import probe
+
+# A terminal's Ctrl-C (a job started in the background, as CI's may be, ignores SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 probe.Probe(name="interrupt", system_interval_s=0)
 loader = probe.watch([np.zeros((4, 2))] * 60)  # counted: C-timed past the first steps
