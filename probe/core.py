@@ -231,7 +231,9 @@ class HeldPass:
         # (stack.fetch_code); None: a C iterator, whose fetch shows no frame of its own:
         # a fetch the clock never saw return is then never judged left.
         self.fetcher: CodeType | None = None
-        self.raised = raised  # the watch loop's: how its last fetch raised, until asked again
+        # The watch loop's: how its last fetch raised, until asked again; or, from iter()
+        # to the first next(), that no batch was asked for yet (watch.NOT_ITERATED).
+        self.raised = raised
         self.raised_at = 0.0  # time.monotonic() of that raise
         self.left = False  # the publisher saw the pass left
 

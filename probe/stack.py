@@ -91,6 +91,20 @@ KEPT_AWAY = 2  # such frames kept past the innermost ones (a model's forward is 
 # process after the exception: it read "Stalled" for good).
 LOOP_FRAMES: tuple[tuple[str, str], ...] = (("transformers/trainer.py", "_inner_training_loop"),)
 LOOP_FRAME_DEPTH = 16  # how far up from the callback the loop's frame is looked for
+# A framework's code that calls iter() on a loader that is no DataLoader only to check
+# that it is iterable, and drops the iterator; a DataLoader's iter() it never calls:
+# Lightning's fit (probe/watch.py leaves a watched DataLoader's iter() for later there).
+ITERABLE_CHECK_FRAMES: tuple[tuple[str, str], ...] = (
+    ("connectors/data_connector.py", "_check_dataloader_iterable"),
+)
+
+
+def code_in(code: CodeType, frames: tuple[tuple[str, str], ...]) -> bool:
+    """Whether ``code`` is one of ``frames`` (file name's end, function name)."""
+    return any(
+        code.co_name == function and code.co_filename.replace("\\", "/").endswith(path)
+        for path, function in frames
+    )
 
 
 def loop_code(frame: FrameType | None) -> CodeType | None:
@@ -98,10 +112,8 @@ def loop_code(frame: FrameType | None) -> CodeType | None:
     for _ in range(LOOP_FRAME_DEPTH):
         if frame is None:
             return None
-        code = frame.f_code
-        for path, function in LOOP_FRAMES:
-            if code.co_name == function and code.co_filename.replace("\\", "/").endswith(path):
-                return code
+        if code_in(frame.f_code, LOOP_FRAMES):
+            return frame.f_code
         frame = frame.f_back
     return None
 

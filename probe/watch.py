@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from gputop_dl.probe import loader
 from gputop_dl.probe.core import HeldPass, as_count
-from gputop_dl.probe.stack import fetch_code
+from gputop_dl.probe.stack import ITERABLE_CHECK_FRAMES, code_in, fetch_code
 from gputop_dl.probe.stamps import Segment, fetches
 
 if TYPE_CHECKING:
@@ -45,13 +45,6 @@ SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not
 # Loop.how for a pass whose iterator iter() made with no batch asked of it yet (for
 # LEFT_FETCH_S: the training does something else first), or let go of so.
 NOT_ITERATED = "not-iterated"
-# Callers that call iter() on a loader that is no DataLoader only to check that it is
-# iterable, and drop the iterator, where a DataLoader's iter() is not called: there a
-# watched DataLoader's own iter() waits for the pass's first batch (code name, file
-# name's end).
-ITERABLE_CHECKS = frozenset(
-    {("_check_dataloader_iterable", "connectors/data_connector.py")}  # Lightning's fit
-)
 
 _pytree_registered = False
 _warned: set[str] = set()
@@ -148,6 +141,12 @@ class _Turns:
         self.kept: tuple[Any, ...] = ()  # what the shared pass's threads may be in
         self.stale: tuple[Any, ...] = ()  # C stretches that ended in a fetch (STALE_KEPT)
         self.closed_by_call = False  # close() called, not a finalizer's close
+
+
+def _while_closing(interrupt: KeyboardInterrupt, closing: bool) -> bool:
+    """Whether a Ctrl-C came as the generator was being closed: in its GeneratorExit
+    handler (``closing``), or raised while that exception was handled."""
+    return closing or isinstance(interrupt.__context__, GeneratorExit)
 
 
 def _interrupt_again() -> None:
@@ -313,12 +312,12 @@ class Watched(Generic[T]):
 
     # ------------------------------------------------------------------ the loop
     def __iter__(self) -> Iterator[T]:
-        code = sys._getframe(1).f_code  # who asks (iter() itself has no frame)
-        checking = any(
-            code.co_name == name and code.co_filename.replace("\\", "/").endswith(file)
-            for name, file in ITERABLE_CHECKS
-        ) and loader.is_torch_loader(type(self._iterable))  # (it calls any other's iter())
-        return self._pass(iter, eager=not checking)
+        # Who asks (iter() itself has no frame): a framework's check that a loader is
+        # iterable calls a DataLoader's iter() never, any other's always.
+        checking = code_in(sys._getframe(1).f_code, ITERABLE_CHECK_FRAMES)
+        return self._pass(
+            iter, eager=not (checking and loader.is_torch_loader(type(self._iterable)))
+        )
 
     def _pass(self, start: Callable[[Any], Iterator[T]], eager: bool = True) -> Iterator[T]:
         """A pass over the loader, its iterator made by ``start`` (``iter``; a watched
@@ -425,9 +424,8 @@ class Watched(Generic[T]):
                 # stretches call it bare; a user's samples= function stays in this loop,
                 # where its errors are caught.
                 own_counter = self._samples is None
-                position = (
-                    0  # the loader's batch position: batches passed on, and fetches that raised
-                )
+                # The loader's batch position: batches passed on, and fetches that raised.
+                position = 0
                 checked = False  # the first batch's count held against the plan
                 stretch: Iterator[Any] | None
                 batch: Any
@@ -548,9 +546,8 @@ class Watched(Generic[T]):
             finally:
                 probe._loop_left(how, held, segment)
         except KeyboardInterrupt as exc:
-            closed = closing or isinstance(exc.__context__, GeneratorExit)
-            if not closed or turns.closed_by_call:  # close()'s caller gets it, as bare
-                raise
+            if not _while_closing(exc, closing) or turns.closed_by_call:
+                raise  # (close()'s caller gets it, as a generator's)
             _interrupt_again()
 
     def _counted(self, segment: Segment, iterator: Iterator[T], held: HeldPass) -> Iterator[T]:
@@ -588,9 +585,7 @@ class Watched(Generic[T]):
                     closing = True
                     raise
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) and (
-                closing or isinstance(exc.__context__, GeneratorExit)
-            ):
+            if isinstance(exc, KeyboardInterrupt) and _while_closing(exc, closing):
                 _interrupt_again()  # the training's (see _stretches)
                 return
             if closing:
