@@ -335,9 +335,8 @@ class Probe:
         self._loop_lock = threading.RLock()
         self._open_passes: list[HeldPass] = []  # the watched passes entered, not left
         self._declared_left = 0  # passes declared left, not by their loop (Outside reads it)
+        # Both threads let go of segments without a lock (see _drop_oldest_segments).
         self._segments: deque[Segment] = deque()
-        # Held by whoever pops from _segments: the training thread only tries it.
-        self._segments_lock = threading.Lock()
         # probe.step(samples) inside a segment: (step index, count) for the publisher.
         self._count_fixes: deque[tuple[int, int | None]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
@@ -688,19 +687,18 @@ class Probe:
 
     def _drop_oldest_segments(self, first: int) -> None:
         """Training thread: let go of the oldest segments held, unpublished or not, until
-        those left and one starting at step ``first`` fit the bounds. Under the lock the
-        publisher pops with, and never waiting for it: when the publisher holds it, it is
-        letting go of segments itself, and the next segment checks again."""
-        if not self._segments_lock.acquire(blocking=False):
-            return
+        those left and one starting at step ``first`` fit the bounds.
+
+        No lock: a deque's popleft and remove are atomic under the GIL, and the publisher
+        removes only the segment it found finished, by identity (a lock taken here
+        without waiting leaked when a Ctrl-C came between its acquire and its try: the
+        publisher then waited for it forever)."""
+        held = self._segments
         try:
-            held = self._segments
-            while held and (
-                len(held) >= MAX_SEGMENTS or first - held[0].first >= MAX_BUFFERED_STEPS
-            ):
+            while len(held) >= MAX_SEGMENTS or first - held[0].first >= MAX_BUFFERED_STEPS:
                 held.popleft()
-        finally:
-            self._segments_lock.release()
+        except IndexError:  # none left, or the publisher let go of the last meanwhile
+            pass
 
     def _end_segment(self, segment: Segment, *, close: bool = True) -> bool:
         """Training thread: ``segment``'s chain stopped. True: it found the loader empty.
@@ -1301,12 +1299,15 @@ class Probe:
         """(segment, steps complete in it below step ``limit``) for segments with such
         steps not yet published; segments finished and published are let go."""
         segments = self._segments
-        with self._segments_lock:  # the training thread may drop the oldest too
-            while segments:
-                first = segments[0]
-                if first.steps is None or first.taken < first.steps:
-                    break
-                segments.popleft()
+        while True:  # the training thread may let go of the oldest too, at any moment
+            try:
+                oldest = segments[0]
+            except IndexError:
+                break
+            if oldest.steps is None or oldest.taken < oldest.steps:
+                break
+            with contextlib.suppress(ValueError):  # gone already: the training thread's
+                segments.remove(oldest)  # (identity: Segment has no __eq__)
         spans = []
         for segment in list(segments):  # a copy: the training thread appends meanwhile
             steps = segment.steps

@@ -177,12 +177,10 @@ def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) 
 
 def _timed(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
     """The owner's next timed stretch, the lock held while the generator runs."""
-    lock = turns.lock
-    lock.acquire()  # (not `with`: half the cost of entering and leaving it)
-    try:
+    # `with`, not acquire() and try: a Ctrl-C that came between those two left the
+    # lock held, and a thread that asked next waited for it forever. Once a stretch.
+    with turns.lock:
         stretch = next(stretches)  # StopIteration: the pass is over
-    finally:
-        lock.release()
     if turns.rest is not None:  # shared meanwhile: the generator is done
         stretches.close()
     return stretch

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -173,3 +174,66 @@ def test_a_ctrl_c_caught_as_a_pass_starts_leaves_no_loop_open(p: probe.Probe, at
     assert sum(1 for _ in loader) == 100
     assert len(p._segments) > segments  # C-timed again: the only pass
     assert (p._passes, p._loop, p._loop_exit) == (0, "outside", "exhausted")
+
+
+class RaisingAtInstruction:
+    """A trace function that raises KeyboardInterrupt before the ``n``-th instruction
+    (1-based) run in the calls of a function called ``name``, counted together: a signal handler's
+    exception comes between any two instructions, not only at a line's start."""
+
+    def __init__(self, name: str, n: int) -> None:
+        self.name, self.n, self.ran = name, n, 0
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != self.name or self.ran >= self.n:
+            return None
+        frame.f_trace_lines, frame.f_trace_opcodes = False, True
+        return self.local
+
+    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.ran += 1
+            if self.ran == self.n:
+                raise KeyboardInterrupt
+        return self.local
+
+
+def instructions_run(name: str, run: Callable[[], Any]) -> int:
+    """How many instructions the calls of ``name`` run inside ``run()``."""
+    counter = RaisingAtInstruction(name, 10**9)
+    sys.settrace(counter)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    assert 0 < counter.ran < counter.n
+    return counter.ran
+
+
+def test_a_ctrl_c_at_any_instruction_as_a_segment_begins_leaves_the_publisher_going(
+    p: probe.Probe,
+) -> None:
+    """The training thread let go of old segments under a lock it took without waiting;
+    a Ctrl-C between that acquire and its try left it held, and the publisher, which
+    waits for it, published nothing more (and hung at close). Each instruction in turn."""
+    loader = p.watch([np.zeros((4, 2))] * 200)  # counted, C-timed: many small segments
+    at = "_drop_oldest_segments"
+    n_run = instructions_run(at, lambda: sum(1 for _ in loader))
+    for n in range(1, n_run + 1):
+        trap = RaisingAtInstruction(at, n)
+        sys.settrace(trap)
+        try:
+            for _ in loader:
+                pass
+        except KeyboardInterrupt:
+            assert trap.ran == n
+        finally:
+            sys.settrace(None)
+    steps = p._index_now()
+    assert sum(1 for _ in loader) == 200
+    # The publisher lets go of every segment it finished publishing, within a flush.
+    deadline = time.monotonic() + 5
+    while len(p._segments) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(p._segments) == 0, f"{n_run} instructions; publisher stuck"
+    assert p._index_now() == steps + 200

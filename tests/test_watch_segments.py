@@ -13,8 +13,10 @@ import threading
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -692,23 +694,53 @@ def test_a_step_queued_while_a_drain_reads_is_never_sent_after_a_later_one(
         pass
 
 
-def test_a_segment_begun_while_the_publisher_lets_go_of_others_never_waits(
+def test_a_segment_begun_past_the_bound_lets_go_of_the_oldest_unpublished(
     p: probe.Probe, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Both threads pop from the segments held, under one lock: the training thread only
-    # tries it. With the publisher holding it for the whole pass (as if it were letting
-    # go of segments), the pass runs, its segments are kept past the bound, and the
-    # next segment begun with the lock free lets go of the oldest.
+    # The publisher stalled for two passes: the training thread lets go of the oldest
+    # segments itself, published or not, and the publisher then sends what is left.
     reader = attached(p)
     monkeypatch.setattr(core, "MAX_SEGMENTS", 3)
-    with p._segments_lock:
-        seen = sum(1 for _ in p.watch(batches(10 * CHUNK)))
-        assert seen == 10 * CHUNK and len(p._segments) == 10
+    stalled = threading.Event()
+    real_spans = core.Probe._segment_spans
+
+    def stalls(self: core.Probe, limit: int) -> list[tuple[Segment, int]]:
+        stalled.wait(30)
+        return real_spans(self, limit)
+
+    monkeypatch.setattr(core.Probe, "_segment_spans", stalls)
+    for _ in p.watch(batches(10 * CHUNK)):
+        pass
+    assert len(p._segments) <= 3
+    stalled.set()
     for _ in p.watch(batches(2 * CHUNK)):
         pass
     assert len(p._segments) <= 3
     indices = [r["index"] for r in published(p, reader)]
     assert indices == sorted(set(indices)) and indices[-1] == 12 * CHUNK - 1
+    assert len(indices) < 12 * CHUNK  # the oldest let go of, unpublished
+
+
+class LetGoMeanwhile(deque[Segment]):
+    """The segments held, where the training thread lets go of the oldest just after
+    the publisher looked at it (deque operations are atomic, a sequence of two is not)."""
+
+    def __getitem__(self, i: Any) -> Any:
+        oldest = super().__getitem__(i)
+        if i == 0 and len(self) == 2:
+            self.popleft()
+        return oldest
+
+
+def test_the_publisher_lets_go_only_of_the_segment_it_found_finished() -> None:
+    # No lock between the two threads (one taken without waiting leaked on a Ctrl-C):
+    # the publisher removes what it found finished by identity; the oldest popped
+    # instead would have been the open segment, its steps never sent.
+    done, running = Segment(0, 0, (4, 10**6, 4)), Segment(5, 5, (4, 10**6, 4))
+    done.steps = done.taken = 5
+    held = SimpleNamespace(_segments=LetGoMeanwhile([done, running]))
+    assert core.Probe._segment_spans(cast(core.Probe, held), 10**6) == []
+    assert list(held._segments) == [running]
 
 
 def test_a_loader_that_cannot_start_inside_a_timed_pass_leaves_that_pass_alone(
