@@ -16,8 +16,9 @@ import sys
 import time
 from _thread import RLock, get_ident, start_new_thread
 from collections.abc import Callable, Generator, Iterable, Iterator
+from ctypes import c_ulong, py_object, pythonapi
 from itertools import chain, repeat
-from signal import SIGINT, getsignal, pthread_kill
+from signal import SIGINT, default_int_handler, getsignal, pthread_kill
 from threading import main_thread
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -149,21 +150,29 @@ def _while_closing(interrupt: KeyboardInterrupt, closing: bool) -> bool:
     return closing or isinstance(interrupt.__context__, GeneratorExit)
 
 
-def _interrupt_again() -> None:
+def _interrupt_again(interrupt: KeyboardInterrupt) -> None:
     """A Ctrl-C that landed in the probe's lines while a pass was let go of, where a
-    finalizer prints any exception and drops it (the training went on): SIGINT sent to
-    the main thread again, from another thread, so that it comes in the training's own
-    code a few milliseconds later (from this thread it came at once, inside the
-    finalizer), a blocking wait there interrupted as by the first (interrupt_main()
-    only flags the main thread: a wait went on to its end)."""
-    start_new_thread(_sigint_to_main, ())
+    finalizer prints any exception and drops it (the training went on): delivered to the
+    main thread again, from another thread, so that it comes in the training's own code
+    a few milliseconds later (from this thread it came at once, inside the finalizer)."""
+    start_new_thread(_to_main_again, (type(interrupt),))
 
 
-def _sigint_to_main() -> None:
+def _to_main_again(kind: type[KeyboardInterrupt]) -> None:
     ident = main_thread().ident
+    handler = getsignal(SIGINT)
     # (A Ctrl-C came through a handler of Python's: never SIG_DFL's kill here.)
-    if ident is not None and callable(getsignal(SIGINT)):
+    if ident is None or not callable(handler):
+        return
+    if handler is default_int_handler:
+        # SIGINT sent again: a blocking wait is interrupted as by the first
+        # (interrupt_main() only flags the main thread: a wait went on to its end).
         pthread_kill(ident, SIGINT)
+    else:
+        # The training's own handler ran for this Ctrl-C already; called again, one that
+        # counts them ("twice to quit at once") read one as two. Only its exception is
+        # raised again, at the main thread's next instruction (after a blocking wait).
+        pythonapi.PyThreadState_SetAsyncExc(c_ulong(ident), py_object(kind))
 
 
 def _next_stretch(turns: _Turns, stretches: Generator[Iterable[T], None, None]) -> Iterable[T]:
@@ -546,7 +555,7 @@ class Watched(Generic[T]):
         except KeyboardInterrupt as exc:
             if not _while_closing(exc, closing) or turns.closed_by_call:
                 raise  # (close()'s caller gets it, as a generator's)
-            _interrupt_again()
+            _interrupt_again(exc)
 
     def _counted(self, segment: Segment, iterator: Iterator[T], held: HeldPass) -> Iterator[T]:
         """A C-timed segment's batches, each counted here, in this frame, the way its
@@ -584,7 +593,7 @@ class Watched(Generic[T]):
                     raise
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) and _while_closing(exc, closing):
-                _interrupt_again()  # the training's (see _stretches)
+                _interrupt_again(exc)  # the training's (see _stretches)
                 return
             if closing:
                 raise

@@ -36,8 +36,16 @@ import signal, sys, threading, time
 import numpy as np
 from gputop_dl import probe
 
+calls = []
+
+def handler(signum, frame):  # the training's own: "Ctrl-C twice to quit at once"
+    calls.append(signum)
+    print(f"handler called {len(calls)}", flush=True)
+    raise KeyboardInterrupt
+
 # A terminal's Ctrl-C (a job started in the background, as CI's may be, ignores SIGINT)
-signal.signal(signal.SIGINT, signal.default_int_handler)
+own = sys.argv[3] == "own"
+signal.signal(signal.SIGINT, handler if own else signal.default_int_handler)
 
 probe.Probe(name="interrupt", system_interval_s=0)
 loader = probe.watch([np.zeros((4, 2))] * 60)  # counted: C-timed past the first steps
@@ -46,7 +54,7 @@ fired = []
 def local(frame, event, arg):
     if event == "line" and not fired:
         fired.append(1)
-        raise KeyboardInterrupt
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, frame)  # raises, as a Ctrl-C's
 
 def tracer(frame, event, arg):
     return local if frame.f_code.co_name == sys.argv[1] else None
@@ -83,23 +91,35 @@ def run(script: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize(
-    ("at", "how"), [("_loop_left", "break"), ("_counted", "break"), ("_loop_left", "close")]
+    ("at", "how", "handler"),
+    [
+        ("_loop_left", "break", "default"),
+        ("_counted", "break", "default"),
+        ("_loop_left", "close", "default"),
+        ("_loop_left", "break", "own"),
+        ("_counted", "break", "own"),
+    ],
 )
 def test_a_ctrl_c_in_the_probes_lines_as_a_pass_is_let_go_of_reaches_the_training(
-    at: str, how: str
+    at: str, how: str, handler: str
 ) -> None:
     """The pass let go of at `break` is closed by its finalizer, which prints any
     exception and drops it: a Ctrl-C landing in the probe's lines there was lost ("Exception
     ignored in: <generator object Watched._stretches>"), and the training went on. Sent
     again, it ends a blocking wait as the first would have; an explicit close() raises
-    it, as a generator's does."""
-    child = run(AT_BREAK, at, how)
+    it, as a generator's does. A SIGINT handler of the training's own is not called a
+    second time (one that counts Ctrl-Cs read one as two): its exception is raised
+    again in the main thread, after the wait."""
+    child = run(AT_BREAK, at, how, handler)
     out, err = child.communicate(timeout=60)
     assert child.returncode == -signal.SIGINT, (out, err)
     assert "went on" not in out and "Exception ignored" not in err, (out, err)
     assert err.rstrip().endswith("KeyboardInterrupt"), err
     if how == "close":
         assert "waited" not in out, (out, err)  # raised by close(), before the wait
+    elif handler == "own":
+        assert out.count("handler called") == 1 and "handler called 2" not in out, out
+        assert "waited" in out, out  # a wait is not cut short: it came just after
     else:
         assert float(out.split()[-2]) < 2.5, out  # of 5 s: it came in the wait
 
