@@ -42,7 +42,8 @@ OPENED_IN_WATCH: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 UNCOUNTED: Any = object()  # a batch the C-timed loop's own lines could not count
 STALE_KEPT = 8  # C stretches kept after they ended in a fetch: threads fetching at once
 # Loop.how for a pass a second thread took part in: the rest of it is not timed.
-SHARED_HOW = "marked:two threads iterate the pass at once: the rest of it is not timed"
+# (its own way to leave, not "marked:": the script marked nothing)
+SHARED_HOW = "shared"
 # Loop.how for a pass whose iterator iter() made with no batch asked of it yet (for
 # LEFT_FETCH_S: the training does something else first), or let go of so.
 NOT_ITERATED = "not-iterated"

@@ -1475,6 +1475,11 @@ def test_an_evaluation_marked_by_the_script_is_outside_not_stalled() -> None:
             "(the framework's loop was left without its end: an exception)",
         ),
         (
+            "shared",
+            "25 s: two threads iterate one watched pass at once, its rest untimed",
+            "(two threads iterate one pass at once: the rest of it is not timed)",
+        ),
+        (
             "not-iterated",
             "25 s: iter() made its loader's iterator, no batch asked for yet",
             "(the loader's iterator was made, no batch asked of it)",
@@ -1489,7 +1494,8 @@ def test_how_the_loop_was_left_is_said(how: str, headline: str, left_by: str) ->
     left = replace(hello(), loop="outside", loop_since=steps[-1].end_time, loop_exit=how)
     v = analyze(window(steps, h=left, now=now))
     assert (v.kind, v.severity) == ("outside-loop", "info"), v
-    assert v.headline == f"Outside the training loop for {headline}", v.headline
+    loop = "timed loop" if how == "shared" else "training loop"
+    assert v.headline == f"Outside the {loop} for {headline}", v.headline
     assert left_by in v.evidence[0], v.evidence
 
 

@@ -478,6 +478,9 @@ _LEFT_BY = {
     # the training thread left a framework's loop without its end (the HF Trainer has
     # no callback event for an exception)
     "framework-exception": "the framework's loop was left without its end: an exception",
+    # a second thread asked the watched pass for batches while the first fetched: the
+    # rest of the pass is the loader's own iterator, for both, untimed
+    "shared": "two threads iterate one pass at once: the rest of it is not timed",
 }
 
 
@@ -536,6 +539,11 @@ def _outside(window: Window) -> Verdict | None:
         headline = (
             f"Outside the training loop for {fmt.dur(away)}: the framework's loop ended "
             "with an exception"
+        )
+    elif how == "shared":
+        headline = (
+            f"Outside the timed loop for {fmt.dur(away)}: two threads iterate one watched "
+            "pass at once, its rest untimed"
         )
     elif how == "not-iterated":
         headline = (
