@@ -11,13 +11,16 @@ batches to the training directly when their counts are known in advance.
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 import sys
 import time
 from _thread import RLock, get_ident, start_new_thread
 from collections.abc import Callable, Generator, Iterable, Iterator
 from ctypes import c_ulong, py_object, pythonapi
 from itertools import chain, repeat
+from operator import length_hint
 from signal import SIGINT, default_int_handler, getsignal, pthread_kill
 from threading import main_thread
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
@@ -63,7 +66,7 @@ class _Pass(chain[T]):
     code that stops a loader's iterator early calls (torchdata's resume, ``closing()``).
     """
 
-    __slots__ = ("loader", "stretches", "turns")
+    __slots__ = ("__weakref__", "loader", "stretches", "turns")
     stretches: Generator[Iterable[T], None, None]
     turns: _Turns  # holds what a thread may be inside while the pass is held
     loader: Iterable[T]  # what the pass iterates
@@ -93,8 +96,30 @@ class _Pass(chain[T]):
         except TypeError:
             return True
 
+    def __getattr__(self, name: str) -> Any:
+        """The loader's iterator's own attributes (a DataLoader iterator's
+        ``_num_yielded``), as on ``iter(loader)``. Only for names the pass lacks."""
+        iterator = self.turns.iterator if not name.startswith("__") else None
+        if iterator is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(iterator, name)
+
+    def __length_hint__(self) -> int:
+        """The loader's iterator's hint, as ``operator.length_hint(iter(loader))``."""
+        iterator = self.turns.iterator
+        return 0 if iterator is None else length_hint(iterator)
+
     def close(self) -> None:
-        """Leave the pass as a ``break`` does; the next ``next()`` ends it."""
+        """Leave the pass as a ``break`` does, and close the loader's iterator as
+        ``iter(loader).close()`` does (a generator's cleanup runs, a reader's file is
+        closed); the next ``next()`` ends the pass."""
+        self.leave()
+        close = getattr(self.turns.iterator, "close", None)
+        if callable(close):
+            close()
+
+    def leave(self) -> None:
+        """Leave the pass as a ``break`` does; the loader's iterator stays as it is."""
         self.turns.closed_by_call = True  # a Ctrl-C in the probe's lines is raised here
         self.stretches.close()
 
@@ -127,6 +152,7 @@ class _Turns:
         "rest",
         "segment",
         "stale",
+        "stopped",
     )
 
     def __init__(self) -> None:
@@ -143,6 +169,9 @@ class _Turns:
         self.kept: tuple[Any, ...] = ()  # what the shared pass's threads may be in
         self.stale: tuple[Any, ...] = ()  # C stretches that ended in a fetch (STALE_KEPT)
         self.closed_by_call = False  # close() called, not a finalizer's close
+        # The StopIteration the loader's iter() raised: a generator cannot raise it
+        # (PEP 479 makes it a RuntimeError), so the pass's maker does.
+        self.stopped: StopIteration | None = None
 
 
 def _while_closing(interrupt: KeyboardInterrupt, closing: bool) -> bool:
@@ -308,7 +337,22 @@ class Watched(Generic[T]):
     def __reduce__(self) -> tuple[Any, ...]:
         # Spawned workers, ddp_spawn: the loader plus options; the other side re-attaches
         # to its own default probe (or gets the bare loader when the probe is off there).
-        return (_rewatch, (self._iterable, self._samples, self._data_path))
+        # A samples= pickle cannot take (a lambda, as the README's) is left behind: the
+        # other side counts batches itself, where the loader alone pickled.
+        samples = self._samples
+        if samples is not None and not isinstance(samples, int):
+            try:
+                pickle.dumps(samples)
+            except Exception:
+                samples = None
+        return (_rewatch, (self._iterable, samples, self._data_path))
+
+    def __copy__(self) -> Watched[T]:
+        """A watched shallow copy of the loader, as ``copy.copy(loader)`` is (the
+        reduction's would share the loader: a setting made on the copy reached it)."""
+        return watched(
+            self._probe, copy.copy(self._iterable), samples=self._samples, data_path=self._data_path
+        )
 
     def __repr__(self) -> str:
         return f"gputop watch({self._iterable!r})"
@@ -322,7 +366,10 @@ class Watched(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         # Who asks (iter() itself has no frame): a framework's check that a loader is
         # iterable calls a DataLoader's iter() never, any other's always.
-        checking = code_in(sys._getframe(1).f_code, ITERABLE_CHECK_FRAMES)
+        try:
+            checking = code_in(sys._getframe(1).f_code, ITERABLE_CHECK_FRAMES)
+        except ValueError:  # asked from C with no Python frame (a thread's C target)
+            checking = False
         return self._pass(
             iter, eager=not (checking and loader.is_torch_loader(type(self._iterable)))
         )
@@ -350,7 +397,11 @@ class Watched(Generic[T]):
         timed.turns = turns
         timed.loader = self._iterable
         if eager:
-            next(stretches)  # up to the loader's iter() made (an empty first stretch)
+            # Up to the loader's iter() made (an empty first stretch), or returned at
+            # once when iter() raised StopIteration, which is raised here.
+            next(stretches, None)
+            if turns.stopped is not None:
+                raise turns.stopped  # (outside the handler: chained as iter()'s would be)
         return timed
 
     def _stretches(
@@ -390,6 +441,9 @@ class Watched(Generic[T]):
             iterator = start(self._iterable)
         except BaseException as exc:  # (a Ctrl-C inside _loop_entered: none left open)
             probe._loop_left(f"exception:{type(exc).__name__}", held)
+            if isinstance(exc, StopIteration):
+                turns.stopped = exc  # raised by _pass, out of this generator
+                return
             raise
         # Let go of (a `break`, the pass dropped): a Ctrl-C landing in these lines then
         # is the training's, and a finalizer would print it and drop it (the training
@@ -638,7 +692,7 @@ class WatchedIterator(Watched[T]):
         current = self._current
         if current is not None:
             self._current = None
-            cast("_Pass[T]", current).close()  # left as by a break: one pass open at once
+            cast("_Pass[T]", current).leave()  # as by a break: one pass open at once
         # Not kept here: the pass's frame holds this object, and a kept pass would wait
         # for the collector to end when the loop lets go of it.
         return super().__iter__()
@@ -647,7 +701,14 @@ class WatchedIterator(Watched[T]):
         current = self._current
         if current is None:  # the pass next() goes through lives as long as this object
             current = self._current = self._pass(_as_it_is)  # as next() on it: no iter()
-        return next(current)
+        try:
+            return next(current)
+        except StopIteration:
+            # A next() after the iterator's StopIteration is its own to answer, in a new
+            # pass: a generator's ends again; a stream that ends each epoch so goes on
+            # (DALI's iterators reset themselves), which the ended pass cut off for good.
+            self._current = None
+            raise
 
 
 def _as_it_is(iterator: Iterator[T]) -> Iterator[T]:

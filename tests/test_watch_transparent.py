@@ -7,6 +7,11 @@ Real probes, real torch DataLoaders with worker processes.
 
 from __future__ import annotations
 
+import _thread
+import copy
+import operator
+import pickle
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -259,3 +264,113 @@ def test_a_passs_length_before_its_first_batch_is_its_iterators(
     bare = DataLoader(dataset, batch_size=4)
     assert length(lambda: iter(p.watch(bare))) == length(lambda: iter(bare))
     assert length(lambda: iter(p.watch([1, 2]))) == length(lambda: iter([1, 2]))  # TypeError
+
+
+class EpochStream:
+    """An iterator that ends each epoch with StopIteration and then goes on, as DALI's
+    iterators reset themselves."""
+
+    def __init__(self) -> None:
+        self.i = 0
+
+    def __iter__(self) -> EpochStream:
+        return self
+
+    def __next__(self) -> int:
+        self.i += 1
+        if self.i % 4 == 0 or self.i > 12:
+            raise StopIteration
+        return self.i
+
+
+def test_next_after_an_epochs_stop_iteration_goes_on_as_the_iterators(p: probe.Probe) -> None:
+    """next() after the iterator's StopIteration asked the ended pass: every epoch after
+    the first was empty (a training of one epoch)."""
+    runs = []
+    for it in (EpochStream(), p.watch(EpochStream())):
+        epochs: list[list[int]] = [[]]
+        for _ in range(16):
+            try:
+                epochs[-1].append(next(it))
+            except StopIteration:
+                epochs.append([])
+        runs.append(epochs)
+    assert runs[1] == runs[0] and runs[0][:3] == [[1, 2, 3], [5, 6, 7], [9, 10, 11]]
+
+
+class Shards:
+    """Its iter() asks an exhausted source for the next shard: StopIteration."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([next(iter(()))])
+
+
+def test_a_stop_iteration_from_the_loaders_iter_is_raised_as_it_is(p: probe.Probe) -> None:
+    """iter() ran in the probe's generator, which made it "RuntimeError: generator raised
+    StopIteration"."""
+    for loader in (Shards(), p.watch(Shards())):
+        with pytest.raises(StopIteration):
+            iter(loader)
+    assert (p._passes, p._loop) == (0, "outside")
+    assert list(p.watch(range(3))) == [0, 1, 2]
+
+
+def test_close_of_a_pass_closes_the_loaders_iterator_as_its_own_close_does(
+    p: probe.Probe,
+) -> None:
+    cleaned: list[str] = []
+
+    class Reader:
+        def __iter__(self) -> Iterator[int]:
+            try:
+                yield from range(100)
+            finally:
+                cleaned.append("closed")
+
+    for loader in (Reader(), p.watch(Reader())):
+        it = iter(loader)
+        assert next(it) == 0
+        it.close()  # type: ignore[attr-defined]
+        assert cleaned.pop() == "closed" and next(it, "ended") == "ended"
+    # A break leaves the loader's iterator to the collector, as a bare loop does.
+    watched = p.watch(numbers(10))
+    assert next(watched) == 0
+    for n in watched:
+        if n == 3:
+            break
+    assert next(watched) == 4  # the generator goes on: only the pass was left
+
+
+def test_a_pass_has_its_loader_iterators_surface(p: probe.Probe) -> None:
+    loader = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=4)
+    bare, watched = iter(loader), iter(p.watch(loader))
+    assert watched._num_yielded == bare._num_yielded == 0  # type: ignore[attr-defined]
+    assert operator.length_hint(watched) == operator.length_hint(bare) == 3
+    assert weakref.ref(watched)() is watched
+    next(watched)
+    assert watched._num_yielded == 1  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="no_such"):
+        watched.no_such  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_thread_a_c_callable_runs_may_iterate_a_watched_loader(p: probe.Probe) -> None:
+    """iter() asked from C, with no Python frame above it, raised "call stack is not deep
+    enough" and the thread died."""
+    out: list[int] = []
+    _thread.start_new_thread(out.extend, (p.watch(range(3)),))  # no Python frame at all
+    deadline = time.monotonic() + 10
+    while len(out) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert out == [0, 1, 2]
+
+
+def test_copy_and_pickle_of_a_watched_loader_are_the_loaders(p: probe.Probe) -> None:
+    """copy.copy shared the loader (a setting on the copy reached the original); a
+    samples= lambda (the README's) made pickling fail where the loader alone pickled."""
+    original: Any = p.watch(EpochLoader(), samples=lambda batch: 1)
+    duplicate = copy.copy(original)
+    duplicate.epoch = 5
+    assert original.epoch == 0 and duplicate.epoch == 5
+    assert list(duplicate) == list(EpochLoader.__iter__(duplicate.wrapped))
+    back = pickle.loads(pickle.dumps(original))
+    assert list(back) == list(original) and back.wrapped.epoch == 0
