@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS=ignore $(BIN)/pip install -q -e '.[demo,dev,frameworks]'
 	touch $(STAMP)
 
-demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced|disk-bound|stall)
+demo: $(STAMP)  ## train a small CNN on the CPU and watch it in gputop (SCENARIO=input-bound|compute-bound|balanced|disk-bound|stall|worker-restarts)
 	$(BIN)/gputop demo --scenario $(or $(SCENARIO),input-bound)
 
 test: $(STAMP)  ## run the whole test suite

@@ -114,6 +114,13 @@ def main() -> int:
             viewer.returncode == 2 and "pip install 'gputop-dl[viewer]'" in viewer.stderr,
             "gputop (viewer) names the extra it needs, exit 2",
         )
+        exporter = run([str(probe / "gputop"), "exporter"], work, check=False)
+        expect(
+            exporter.returncode == 2
+            and "prometheus_client is missing" in exporter.stderr
+            and "Traceback" not in exporter.stderr,
+            "gputop exporter names the extra it needs, exit 2",
+        )
         snap = run([str(probe / "gputop"), "snapshot", "--wait", "0.5"], work, check=False)
         expect(snap.returncode == 1 and "no training run found" in snap.stdout, "gputop snapshot")
 

@@ -413,11 +413,13 @@ class Probe:
             if refusal is not None:
                 self._degrade(refusal)
                 return
+            self._publisher = Publisher(endpoint, send_hwm=SEND_QUEUE)
+            self.endpoint = self._publisher.endpoint
+            # Once bound: "listening on" before "cannot listen" (a port in use) read as
+            # both at once.
             if warning is not None and endpoint not in _access_warned:
                 _access_warned.add(endpoint)  # once per endpoint and process
                 log.warning("gputop probe: %s", warning)
-            self._publisher = Publisher(endpoint, send_hwm=SEND_QUEUE)
-            self.endpoint = self._publisher.endpoint
         except (TransportError, discovery.DiscoveryError, OSError) as exc:
             self._degrade(f"{exc}")
             return

@@ -251,6 +251,7 @@ def test_agent_on_a_busy_port_says_it_could_not_bind() -> None:
     assert "could not start, nothing is published" in out.stderr
     assert "Address already in use" in out.stderr
     assert "Training continues" not in out.stderr
+    assert "listening on" not in out.stderr  # it is not
 
 
 # ------------------------------------------------- base install: no Textual
@@ -329,7 +330,7 @@ def demo_sockets(runtime: Path) -> list[Path]:
     return sorted(runtime.glob("demo-*.sock")) if runtime.exists() else []
 
 
-def start_no_tui_demo(*args: str) -> tuple[subprocess.Popen[str], int]:
+def start_no_tui_demo(*args: str) -> tuple[subprocess.Popen[str], int, Path]:
     proc = subprocess.Popen(
         [*ENTRY, "demo", "--no-tui", *args],
         stdin=subprocess.DEVNULL,
@@ -339,9 +340,9 @@ def start_no_tui_demo(*args: str) -> tuple[subprocess.Popen[str], int]:
     )
     assert proc.stderr is not None
     line = proc.stderr.readline()
-    match = re.search(r"training pid (\d+)", line)
+    match = re.search(r"training pid (\d+), log (.+)$", line)
     assert match, line
-    return proc, int(match.group(1))
+    return proc, int(match.group(1)), Path(match.group(2))
 
 
 def wait_for_socket(runtime: Path, within: float = 90) -> Path:
@@ -374,11 +375,12 @@ def test_stall_scenario_honours_duration() -> None:
 def test_demo_duration_ends_the_demo_and_leaves_nothing(
     runtime_dir: Path, children: list[int]
 ) -> None:
-    proc, child = start_no_tui_demo("--scenario", "input-bound", "--duration", "6")
+    proc, child, log = start_no_tui_demo("--scenario", "input-bound", "--duration", "6")
     children.append(child)
     assert proc.wait(timeout=120) == 0
     assert gone(child, ORPHAN_BOUND_S)
     assert demo_sockets(runtime_dir) == []
+    assert not log.exists()  # a training that went well leaves no log in /tmp
 
 
 @pytest.mark.e2e
@@ -386,7 +388,7 @@ def test_demo_duration_ends_the_demo_and_leaves_nothing(
 def test_a_signalled_demo_stops_its_training_and_removes_its_socket(
     runtime_dir: Path, children: list[int], sig: signal.Signals
 ) -> None:
-    proc, child = start_no_tui_demo("--scenario", "stall")
+    proc, child, log = start_no_tui_demo("--scenario", "stall")
     children.append(child)
     try:
         sock = wait_for_socket(runtime_dir)
@@ -396,14 +398,14 @@ def test_a_signalled_demo_stops_its_training_and_removes_its_socket(
         if proc.poll() is None:
             proc.kill()
     assert gone(child, ORPHAN_BOUND_S), "the training child outlived the demo"
-    assert not sock.exists()
+    assert not sock.exists() and not log.exists()
 
 
 @pytest.mark.e2e
 def test_a_demo_killed_with_9_does_not_leave_its_training_publishing(
     runtime_dir: Path, children: list[int]
 ) -> None:
-    proc, child = start_no_tui_demo("--scenario", "stall")
+    proc, child, _ = start_no_tui_demo("--scenario", "stall")
     children.append(child)
     sock = wait_for_socket(runtime_dir)
     proc.kill()
@@ -448,3 +450,36 @@ def test_a_recording_that_is_not_there_is_said_to_be_missing(
             main(["snapshot", name])
         assert exc.value.code == 2
         assert "nor is it a recording: no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["snapshto"], "did you mean the command: gputop snapshot?"),
+        (["agnet"], "did you mean the command: gputop agent?"),
+        (["127.0.0.1:5555"], "did you mean tcp://127.0.0.1:5555?"),
+        (["snapshot", "localhost:5555"], "did you mean tcp://localhost:5555?"),
+        (["nothing-like-it"], "ssh://[USER@]HOST[:PORT] and a recording FILE are read too"),
+    ],
+)
+def test_a_mistyped_command_or_endpoint_gets_what_was_likely_meant(
+    argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gputop_dl.tui.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert hint in capsys.readouterr().err
+
+
+def test_snapshot_at_without_a_recording_says_what_it_needs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gputop_dl.tui.cli import main
+
+    assert main(["snapshot", "--at", "-30s"]) == 2
+    assert "--at TIME reads a recording: gputop snapshot FILE --at TIME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["snapshot", "--help"])
+    assert "gputop snapshot FILE [--at TIME] [--json]" in capsys.readouterr().out

@@ -416,6 +416,7 @@ def test_address_in_use_warns_once_and_training_is_unchanged(
     assert stderr.count("gputop probe disabled") == 1
     assert "Address already in use" in stderr
     assert "Traceback" not in stderr
+    assert "listening on" not in stderr  # it is not (it said so, then that it could not)
 
 
 def test_unwritable_runtime_dir_degrades_without_raising(

@@ -133,6 +133,22 @@ def test_a_damaged_chunk_is_skipped_and_the_next_ones_read(tmp_path: Path) -> No
     assert len(frames_of(path)) == 30  # random bytes between chunks: skipped, found again
 
 
+def test_a_zstd_recording_without_zstandard_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe-only install read a zstd recording with one note a chunk ("chunk at byte
+    N skipped: ...", 32 lines for a short recording), naming no remedy."""
+    path = tmp_path / "r.gtrec"
+    write_events(path, live_run(T0 + 30.0, duration_s=30.0), codec=CODEC_ZSTD, chunk_every=7)
+    monkeypatch.setitem(sys.modules, "zstandard", None)  # import zstandard: ImportError
+    recording = open_recording(path)
+    assert list(recording.entries()) == []
+    assert recording.notes.count > 3
+    assert recording.notes.notes == [
+        "zstd chunks skipped: zstandard is not installed (pip install 'gputop-dl[viewer]')"
+    ]
+
+
 def frames_of_bytes(tmp_path: Path, data: bytes) -> list[tuple[float, list[bytes]]]:
     other = tmp_path / "clean.gtrec"
     other.write_bytes(data)

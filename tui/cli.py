@@ -69,6 +69,8 @@ REFRESH_HZ = (0.1, 10.0)  # the viewer's refresh rate range, per second
 DEFAULT_REFRESH_HZ = 1.0
 WAIT_S = (0.1, 3600.0)  # snapshot --wait range, seconds
 VIEWER_INSTALL = "the viewer needs: pip install 'gputop-dl[viewer]'"
+# What the viewer extra installs (pyproject.toml), by the name a failed import gives.
+VIEWER_EXTRA_MODULES = frozenset({"textual", "prometheus_client", "zstandard"})
 NO_TTY_HINT = (
     "run it in a terminal (over SSH: ssh -t HOST gputop), or print the same verdict "
     "without one: gputop snapshot"
@@ -112,7 +114,16 @@ def _lazy(module: str, name: str) -> Callable[[list[str]], int]:
     """A command defined in its own module, imported only when it runs."""
 
     def run(argv: list[str]) -> int:
-        handler: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+        try:
+            command = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name not in VIEWER_EXTRA_MODULES:
+                raise
+            # A probe-only install (the training's environment): say what to install,
+            # as the viewer does, not a traceback.
+            print(f"gputop: {exc.name} is missing: {VIEWER_INSTALL}", file=sys.stderr)
+            return 2
+        handler: Callable[[list[str]], int] = getattr(command, name)
         return handler(argv)
 
     return run
@@ -442,15 +453,18 @@ def _run_demo(scenario: str, duration: float, *, tui: bool) -> int:
             ),
             on_start=watch_child,
         )
-        if child.poll() not in (None, 0, -signal.SIGINT):
-            _error(
-                "gputop demo", f"the training ended with status {child.returncode}; see {log_path}"
-            )
         return code
     finally:
         ended.set()
+        ended_by_itself = child.poll()
         stop_child(child)
         remove_socket(endpoint)
+        if ended_by_itself in (None, 0, -signal.SIGINT):
+            log_path.unlink(missing_ok=True)  # nothing to read: not left in /tmp
+        else:
+            _error(
+                "gputop demo", f"the training ended with status {child.returncode}; see {log_path}"
+            )
 
 
 def remove_socket(endpoint: str) -> None:
@@ -549,8 +563,8 @@ def cmd_agent(argv: list[str]) -> int:
         if refusal is not None:
             _error("gputop agent", refusal)
             return EXIT_USAGE
-        if warning is not None:
-            print(f"gputop agent: warning: {warning}", file=sys.stderr)
+    else:
+        warning = None
     # The probe's own warning speaks to a training process ("Training continues
     # unmonitored"); the agent says what happens to it instead.
     probe_log = logging.getLogger("gputop.probe")
@@ -569,6 +583,8 @@ def cmd_agent(argv: list[str]) -> int:
     if not agent.enabled:
         _error("gputop agent", f"could not start, nothing is published: {agent.error}")
         return EXIT_NO_RUN
+    if warning is not None:  # once bound (a port in use: only the error)
+        print(f"gputop agent: warning: {warning}", file=sys.stderr)
     signals = StopSignals()  # before the line that tells a supervisor we are up
     print(f"gputop agent publishing on {agent.endpoint}", flush=True)
     signals.done.wait()
@@ -580,8 +596,14 @@ def cmd_agent(argv: list[str]) -> int:
 def cmd_snapshot(argv: list[str]) -> int:
     if recording.recording_arg(argv) is not None:
         return recording.cmd_snapshot_recording(argv)
+    if any(arg == "--at" or arg.startswith("--at=") for arg in argv):
+        _error("gputop snapshot", "--at TIME reads a recording: gputop snapshot FILE --at TIME")
+        return EXIT_USAGE
     ap = argparse.ArgumentParser(
         prog="gputop snapshot",
+        usage="gputop snapshot [-h] [--hosts [HOSTLIST]] [--remote-command COMMAND] "
+        "[--wait SECONDS] [--json] [ENDPOINT ...]\n"
+        "       gputop snapshot FILE [--at TIME] [--json]",
         description="Attach for a while, then print the runs, the host and the bottleneck "
         "verdict. For scripts, CI and terminals without a TUI. With no ENDPOINT, every "
         "probe on this host. With a recording FILE: its verdict at the end, or --at TIME.",

@@ -178,13 +178,15 @@ def cmd_relay(argv: list[str]) -> int:
         if refusal is not None:
             error("gputop relay", refusal)
             return EXIT_USAGE
-        if warning is not None:
-            print(f"gputop relay: warning: {warning}", file=sys.stderr)
+    else:
+        warning = None
     try:
         forwarder = Forwarder(listen)
     except TransportError as exc:
         error("gputop relay", str(exc))
         return EXIT_NO_RUN
+    if warning is not None:  # once bound (a port in use: only the error)
+        print(f"gputop relay: warning: {warning}", file=sys.stderr)
     signals = StopSignals()
     done = signals.done
     registered = False

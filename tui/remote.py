@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import queue
+import re
 import shlex
 import subprocess
 import threading
@@ -403,9 +405,20 @@ def target_arg(text: str) -> str:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         return text
-    from gputop_dl.tui.cli import endpoint_arg
+    from gputop_dl.tui.cli import COMMANDS, endpoint_arg
 
-    return endpoint_arg(text)
+    try:
+        return endpoint_arg(text)
+    except argparse.ArgumentTypeError as exc:
+        # What the user likely meant: a command mistyped, a tcp:// left out.
+        close = difflib.get_close_matches(text, COMMANDS, n=1, cutoff=0.75)
+        if close:
+            hint = f"did you mean the command: gputop {close[0]}?"
+        elif "://" not in text and re.fullmatch(r"[\w.\-\[\]:]+:\d+", text):
+            hint = f"did you mean tcp://{text}?"
+        else:
+            hint = "ssh://[USER@]HOST[:PORT] and a recording FILE are read too"
+        raise argparse.ArgumentTypeError(f"{exc}; {hint}") from None
 
 
 def remote_targets(texts: Sequence[str], hosts: str | None) -> list[Target]:

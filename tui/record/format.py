@@ -125,6 +125,10 @@ def compress(codec: int, data: bytes) -> bytes:
     return zlib.compress(data, 6)
 
 
+class CodecMissing(ValueError):
+    """A chunk this install cannot decompress: every such chunk, one note."""
+
+
 def decompress(codec: int, data: bytes, raw_length: int) -> bytes:
     """Decompress at most ``raw_length`` bytes (the chunk's claim, itself bounded):
     a chunk that inflates beyond what it claims is corrupt, not a reason to run out of
@@ -133,7 +137,9 @@ def decompress(codec: int, data: bytes, raw_length: int) -> bytes:
         try:
             import zstandard
         except ImportError:
-            raise ValueError("zstd chunk, but zstandard is not installed") from None
+            raise CodecMissing(
+                "zstd chunks skipped: zstandard is not installed (pip install 'gputop-dl[viewer]')"
+            ) from None
         try:  # a reader, so that no more than raw_length + 1 bytes are ever produced
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
                 out = reader.read(raw_length + 1)
@@ -189,7 +195,7 @@ class ReadNotes:
     def add(self, text: str, skipped: int) -> None:
         self.count += 1
         self.skipped_bytes += skipped
-        if len(self.notes) < MAX_NOTES:
+        if len(self.notes) < MAX_NOTES and text not in self.notes:
             self.notes.append(text)
 
 
@@ -239,6 +245,9 @@ def iter_chunks(stream: BinaryIO, notes: ReadNotes, block: int = 1 << 20) -> Ite
             continue
         try:
             raw = decompress(codec, packed, raw_len)
+        except CodecMissing as exc:
+            skip(head_size + packed_len, str(exc))
+            continue
         except ValueError as exc:
             skip(head_size + packed_len, f"chunk at byte {pos} skipped: {exc}")
             continue
