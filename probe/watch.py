@@ -741,12 +741,18 @@ def _raising(exc: BaseException) -> Iterator[Any]:
     """A stretch that hands the training the loader's exception as it was raised (its own
     type and traceback, not chained: raised from a frame that handles nothing)."""
     yield from ()
+    context, suppressed = exc.__context__, exc.__suppress_context__
     try:
         raise exc
+    except BaseException:
+        # `raise` made what the training is handling (a next() inside its `except`)
+        # the exception's context, in place of the loader's own: put back.
+        exc.__context__, exc.__suppress_context__ = context, suppressed
+        raise
     finally:
         # The traceback holds this frame: with the exception in it, a cycle that kept the
         # training's and the loader's frames (and the pass) until a garbage collection.
-        del exc
+        del exc, context
 
 
 def _counter(samples: Samples, learned: loader.Learned) -> Callable[[Any], int | None]:

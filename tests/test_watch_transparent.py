@@ -374,3 +374,36 @@ def test_copy_and_pickle_of_a_watched_loader_are_the_loaders(p: probe.Probe) -> 
     assert list(duplicate) == list(EpochLoader.__iter__(duplicate.wrapped))
     back = pickle.loads(pickle.dumps(original))
     assert list(back) == list(original) and back.wrapped.epoch == 0
+
+
+def test_a_loaders_exception_keeps_its_own_context(p: probe.Probe) -> None:
+    """next() asked inside the training's `except` (a retry): the loader's exception had
+    the training's as its context, in place of the loader's own."""
+
+    def shards() -> Iterator[int]:
+        yield 1
+        try:
+            raise KeyError("shard-7")
+        except KeyError:
+            raise ValueError("bad batch")  # noqa: B904  (its context: the KeyError)
+
+    chains = []
+    for loader in (shards(), p.watch(shards())):
+        it = iter(loader)
+        next(it)
+        try:
+            raise TimeoutError("step timed out")
+        except TimeoutError:
+            with pytest.raises(ValueError) as raised:
+                next(it)
+        chain, exc = [], raised.value
+        while exc is not None:
+            chain.append(repr(exc))
+            exc = exc.__context__
+        chains.append(chain)
+    assert chains[1] == chains[0]
+    assert chains[0] == [
+        "ValueError('bad batch')",
+        "KeyError('shard-7')",
+        "TimeoutError('step timed out')",
+    ]
