@@ -12,6 +12,7 @@ batches to the training directly when their counts are known in advance.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import pickle
 import sys
@@ -304,6 +305,8 @@ class Watched(Generic[T]):
         self._info: LoaderInfo | None = None  # the loader's settings, read on the first pass
         self._framework: str | None = None
         _register_pytree()
+        if "transformers.trainer" in sys.modules:
+            _fit_hf_resume()
 
     # ------------------------------------------------------------------ transparency
     def __getattr__(self, name: str) -> Any:
@@ -816,6 +819,37 @@ def _unflatten(children: Iterable[Any], context: Any) -> Any:
         # returned as the bare loader would have returned it, never wrapped.
         return inner
     return Watched(probe, inner, samples=samples, data_path=data_path)
+
+
+_hf_resume_fitted = False
+
+
+def _fit_hf_resume() -> None:
+    """The HF Trainer resumes mid-epoch through accelerate's ``skip_first_batches``, which
+    rebuilds accelerate's own loaders as such and any other as a plain DataLoader: a
+    watched one lost the shard's one-batch prefetch and device placement, and the resumed
+    epoch drew its random numbers at other moments (the training changed). The Trainer's
+    name for it is wrapped, once: a watched loader is skipped as its loader is, and the
+    result watched again. Nothing else is touched."""
+    global _hf_resume_fitted
+    trainer = sys.modules.get("transformers.trainer")
+    original = getattr(trainer, "skip_first_batches", None)
+    if _hf_resume_fitted or original is None:
+        return
+    _hf_resume_fitted = True
+
+    def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+        if isinstance(dataloader, Watched):
+            return watched(
+                dataloader._probe,
+                original(dataloader._iterable, num_batches),
+                samples=dataloader._samples,
+                data_path=dataloader._data_path,
+            )
+        return original(dataloader, num_batches)
+
+    functools.update_wrapper(skip_first_batches, original)
+    trainer.skip_first_batches = skip_first_batches  # type: ignore[union-attr]
 
 
 def _register_pytree() -> None:

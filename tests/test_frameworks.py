@@ -393,6 +393,57 @@ def hf_run(
     return model.seen, out.training_loss, trainer
 
 
+class Noisy(Dataset[Any]):
+    """Each item drawn with noise from torch's generator: when the draws happen matters."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = torch.tensor([float(i), 1.0]) + 0.01 * torch.randn(2)
+        return {"x": x, "labels": torch.tensor([float(i % 3)])}
+
+
+def hf_resumed_inputs(watch: bool, out: Path) -> tuple[list[list[float]], list[float]]:
+    """Three steps saved, then a new Trainer resumed from that mid-epoch checkpoint."""
+    transformers = pytest.importorskip("transformers", reason="pip install gputop-dl[frameworks]")
+    pytest.importorskip("accelerate", reason="pip install gputop-dl[frameworks]")
+
+    class WatchedTrainer(transformers.Trainer):  # type: ignore[misc,name-defined]
+        def get_train_dataloader(self) -> Any:
+            return probe.watch(super().get_train_dataloader())
+
+    trainer_cls = WatchedTrainer if watch else transformers.Trainer
+
+    def trainer(max_steps: int) -> Any:
+        transformers.set_seed(0)
+        targs = hf_quiet_args(
+            transformers,
+            str(out),
+            per_device_train_batch_size=4,
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=3,
+        )
+        return trainer_cls(model=Regressor(), args=targs, train_dataset=Noisy())
+
+    trainer(3).train()
+    resumed = trainer(12)
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
+    return resumed.model.seen, resumed.model.layer.weight.flatten().tolist()
+
+
+def test_an_hf_training_resumed_mid_epoch_draws_the_same_numbers(
+    p: probe.Probe, tmp_path: Path
+) -> None:
+    """accelerate's skip_first_batches rebuilt a watched loader as a plain DataLoader (its
+    own as a DataLoaderShard): the resumed epoch's noise differed from the 2nd batch on."""
+    bare = hf_resumed_inputs(False, tmp_path / "bare")
+    watched = hf_resumed_inputs(True, tmp_path / "watched")
+    assert len(bare[0]) == 9 and watched == bare
+    assert p._index_now() >= 9  # the resumed epoch was timed too
+
+
 def test_hf_trainer_num_train_epochs(p: probe.Probe, tmp_path: Path) -> None:
     # Why: without __len__ the Trainer raised ValueError.
     plain = hf_run(False, tmp_path, num_train_epochs=2)

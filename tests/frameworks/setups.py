@@ -21,17 +21,17 @@ LIGHTNING_QUIET: dict[str, Any] = {
 
 
 def hf_quiet_args(transformers: Any, output_dir: str, **args: Any) -> Any:
-    """``TrainingArguments`` on the CPU, seed 0, that save, log and report nothing."""
-    return transformers.TrainingArguments(
-        output_dir=output_dir,
-        use_cpu=True,
-        seed=0,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        **args,
-    )
+    """``TrainingArguments`` on the CPU, seed 0, that save (unless ``args`` say so), log
+    and report nothing."""
+    quiet = {
+        "use_cpu": True,
+        "seed": 0,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "disable_tqdm": True,
+    }
+    return transformers.TrainingArguments(output_dir=output_dir, **{**quiet, **args})
 
 
 class DictData(Dataset[Any]):
