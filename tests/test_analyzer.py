@@ -359,6 +359,42 @@ CASES: dict[str, Case] = {
         "warning",
         "few-workers",
     ),
+    "few-workers: 1 worker at 3 % CPU waits, loop waits 60 %, cores idle": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(1),
+            cpu=cores(2, busy=15.0),
+            procs=processes(40.0, [3.0]),
+            disk_read=0.0,
+        ),
+        "input-bound",
+        "warning",
+        "few-workers",
+    ),
+    "cpu-workers: 4 workers each ~100 % CPU, cores full": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(4),
+            cpu=cores(4, busy=100.0),
+            procs=processes(20.0, [99.0, 100.0, 98.0, 99.0]),
+        ),
+        "input-bound",
+        "warning",
+        "cpu-workers",
+    ),
+    "disk: 1 worker at 3 % CPU while the node reads": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(1),
+            cpu=cores(2, busy=15.0),
+            procs=processes(40.0, [3.0]),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "input-bound",
+        "warning",
+        "disk",
+    ),
     "disk: workers off-CPU, some I/O pressure": (
         lambda: window(make_steps(wait=INPUT), procs=processes(20.0, [30.0] * 4), io_some=12.0),
         "input-bound",
@@ -655,6 +691,14 @@ CAUSE_BOUNDARIES: dict[str, tuple[dict[str, object], str]] = {
         {"disk_read": 50e6, "procs": processes(20.0, [59.0] * 4)},
         "disk",
     ),
+    "loader workers at 61 %, nothing read: not said to wait": (
+        {"disk_read": 0.0, "procs": processes(20.0, [61.0] * 4)},
+        "unknown",
+    ),
+    "loader workers at 59 %, nothing read: they wait, more overlap the waits": (
+        {"disk_read": 0.0, "procs": processes(20.0, [59.0] * 4)},
+        "few-workers",
+    ),
     "iowait 0.4 cores: not the disk": ({"cpu": cores(8, busy=5.0, iowait=5.0)}, "unknown"),
     "iowait 0.56 cores: the disk": ({"cpu": cores(8, busy=5.0, iowait=7.0)}, "disk"),
 }
@@ -789,6 +833,84 @@ def test_a_main_process_that_loads_off_cpu_is_said_to_wait(
     assert bool(said) == waits, v.evidence
     # its figure once, in the host evidence
     assert sum(f"main process {main_cpu:.0f} % CPU" in e for e in v.evidence) == 1, v.evidence
+
+
+# Workers that wait (a remote store, a sleep in __getitem__): (workers' CPU, cores, cause,
+# advice[0], headroom), the loop waiting 60 % of 100 ms steps of 32 samples (320/s).
+WAITING_WORKERS: dict[str, tuple[list[float], CpuSample, str, str | None, str | None]] = {
+    "1 worker at 3 % CPU, 1.7 of 2 cores idle: 2 workers": (
+        [3.0],
+        cores(2, busy=15.0),
+        "few-workers",
+        "more workers overlap the waits: set DataLoader(num_workers=2) (now 1; 1.7 of 2 cores",
+        # one worker delivers all 320/s: two, 640/s
+        "with the advice: at most ≈ 640 samples/s, +100 % (2 loaders waiting side by side, "
+        "each at today's pace; without any data wait ≈ 800)",
+    ),
+    "1 worker at 3 % CPU, 7.6 of 8 cores idle: 3-5 workers": (
+        [3.0],
+        cores(8, busy=5.0),
+        "few-workers",
+        "more workers overlap the waits: set DataLoader(num_workers=3\u20135) (now 1; 7.6 of 8",
+        "without the data wait: at most ≈ 800 samples/s, +150 %",  # 5 x 320/s is more
+    ),
+    "4 workers at 10 % CPU, 7.6 of 8 cores idle: 6-8 workers": (
+        [10.0] * 4,
+        cores(8, busy=5.0),
+        "few-workers",
+        "more workers overlap the waits: set DataLoader(num_workers=6\u20138) (now 4; 7.6 of 8",
+        # each of the 4 delivers 80/s: 8 of them, 640/s
+        "with the advice: at most ≈ 640 samples/s, +100 % (8 loaders waiting side by side, "
+        "each at today's pace; without any data wait ≈ 800)",
+    ),
+    "4 workers each ~100 % CPU, cores full: CPU-bound, no more workers": (
+        [99.0, 100.0, 98.0, 99.0],
+        cores(4, busy=100.0),
+        "cpu-workers",
+        None,
+        None,
+    ),
+    "1 worker at 3 % CPU, cores full: no core for another": (
+        [3.0],
+        cores(2, busy=100.0),
+        "cpu-contention",
+        None,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("workers", "cpu", "cause", "advice", "headroom"),
+    WAITING_WORKERS.values(),
+    ids=WAITING_WORKERS.keys(),
+)
+def test_workers_that_wait_are_told_to_grow_to_overlap_the_waits(
+    workers: list[float], cpu: CpuSample, cause: str, advice: str | None, headroom: str | None
+) -> None:
+    """A DataLoader whose __getitem__ sleeps 4 ms (a review): num_workers=0 was told
+    "num_workers=1"; once followed, its one worker at 3 % of a core, the loop still waiting
+    59 % and 1.7 of 2 cores idle, read "cause unknown". The workers wait, not compute:
+    more of them overlap more waits. Workers that fill the cores are CPU-bound instead."""
+    v = analyze(
+        window(
+            make_steps(wait=INPUT),
+            h=hello(len(workers)),
+            cpu=cpu,
+            procs=processes(40.0, workers),
+            disk_read=0.0,
+        )
+    )
+    assert (v.kind, v.cause) == ("input-bound", cause), v
+    said = any("the loading waits" in e for e in v.evidence)
+    assert said == (cause == "few-workers"), v.evidence
+    if advice is None:
+        assert not any("num_workers=" in a for a in v.advice), v.advice
+    else:
+        assert v.advice[0].startswith(advice), v.advice
+        assert "the loading waits, not computes" in v.headline, v.headline
+    if headroom is not None:
+        assert v.headroom == headroom, v.headroom
 
 
 def test_stalled_says_how_long_and_typical_step() -> None:

@@ -236,12 +236,14 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
             f"{_gain(starts.rate, starts.ceiling)} ({over}: {fmt.num(starts.rate)} {unit})"
         )
     plain = _headroom(stats, "the data wait", share)
-    loaders = cause.waiting_loaders_after
-    if plain is not None and loaders is not None and loaders > 1:
-        # One loader that waits delivers rate / share; n of them, n times that.
+    loaders, now_loaders = cause.waiting_loaders_after, cause.waiting_loaders_now
+    if plain is not None and loaders is not None and loaders > max(1, now_loaders):
+        # A main process that waits in the data wait delivers rate / share; n workers that
+        # wait all the time the loop waits for them, rate / n each. n loaders, n times that.
         rate, unit = _rate(stats)
         ceiling = rate / (1 - share)
-        bound = min(ceiling, loaders * rate / share)
+        pace = rate / now_loaders if now_loaders > 0 else rate / share
+        bound = min(ceiling, loaders * pace)
         if bound < ceiling:
             return (
                 f"with the advice: at most ≈ {fmt.num(bound)} {unit}, {_gain(rate, bound)} "

@@ -11,7 +11,8 @@ The rules are tried in order; the first one whose evidence holds wins:
 5. network-storage  the dataset is on a network filesystem and the loader is not CPU-bound
 6. disk          the loading processes are mostly off-CPU while the node reads
 7. few-workers / cpu-workers / cpu-contention
-                 num_workers == 0, the loader's processes are CPU-bound, or the CPU is full
+                 num_workers == 0, the loader's processes are CPU-bound, its workers wait
+                 (mostly off-CPU, no reads) with cores idle, or the CPU is full
 8. disk          weaker: I/O pressure or iowait while the loader is not CPU-bound
 9. unknown       with a sentence saying what was measured or what is missing
 """
@@ -76,9 +77,13 @@ class Cause:
     loader_cores_now: float | None = None
     loader_cores_after: float | None = None
     # Loading that waits rather than computes (a sleep, a remote store): the loaders that
-    # would wait side by side with the advice (today: one, the main process). Each keeps
-    # today's pace, so the headroom is that many times it, not a CPU cost.
+    # would wait side by side with the advice. Each keeps today's pace, so the headroom is
+    # that many times it, not a CPU cost.
     waiting_loaders_after: int | None = None
+    # The loaders that wait today: 0, the main process, which loads in the data wait only
+    # (its pace: throughput / wait share); n workers, which load all the time the loop
+    # waits for them (each: throughput / n).
+    waiting_loaders_now: int = 0
     # What the advice buys when it is not all of the data wait (the waits at pass starts
     # only): the rate and the rate without those waits, over the steps they were judged on.
     starts: PassStarts | None = None
@@ -755,7 +760,42 @@ def _cpu(ctx: Context) -> Cause | None:
         return _cpu_workers(ctx, 0.85, f"every loader worker is CPU-bound with {cores_text(h)}")
     if ctx.enough_host and h.free_cores is not None and h.free_cores < HOST_CPU_FULL_FREE_CORES:
         return _contention(ctx) or _cpu_workers(ctx, 0.7, f"{_cores_full(h)} are full")
-    return None
+    return _waiting_workers(ctx, workers)
+
+
+def _waiting_workers(ctx: Context, workers: int) -> Cause | None:
+    """The workers are mostly off-CPU while the loop waits for them, the node reads little
+    (else _blocked_loader said disk) and cores are idle: the loading waits (a remote store,
+    a lock, a sleep) rather than computes, and more workers overlap more waits. (Only the
+    CPU-saturated workers were told to grow: one worker at 3 % of a core, the loop waiting
+    60 % of each step, read "cause unknown".)"""
+    h = ctx.host
+    cpu = h.worker_cpu_pct
+    if not ctx.enough_host or not h.worker_count or cpu is None or ctx.io_active:
+        return None
+    if cpu >= LOADER_BLOCKED_CPU_PCT or h.free_cores is None:
+        return None
+    if h.free_cores < HOST_CPU_FULL_FREE_CORES:  # no core for another one (said above)
+        return None
+    count = h.worker_count
+    noun = "worker" if count == 1 else "workers"
+    each = "" if count == 1 else " each on average"
+    line = (
+        f"{count} loader {noun} at {fmt.pct_value(cpu)} of a core{each} while the loop "
+        "waits for its batches, and the node reads little: the loading waits (a remote "
+        "store, a lock, a sleep) rather than computes; more workers overlap the waits"
+    )
+    advice, _, most = _workers_advice(ctx, workers)
+    advice = (f"more workers overlap the waits: {advice[0]}", *advice[1:])
+    return Cause(
+        "few-workers",
+        0.7,
+        f"{count} loader {noun} at {fmt.pct_value(cpu)} CPU: the loading waits, not computes",
+        _merge([line], host_evidence(ctx)),
+        advice,
+        waiting_loaders_after=most,
+        waiting_loaders_now=workers,
+    )
 
 
 def _cores_full(h: HostStats) -> str:
