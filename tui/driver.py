@@ -14,9 +14,17 @@ Two guards, both without touching site-packages:
 - **Signals.** SIGTERM, SIGHUP and SIGINT exit the app through its normal shutdown, so the
   terminal is restored (alternate screen off, mouse tracking off, cursor shown), with exit
   status 128 + the signal number. A second signal while that shutdown hangs restores the
-  terminal by hand and exits at once. A SIGCONT that does not follow Textual's own
-  suspend is ignored, and the output thread is stopped with a bounded wait: a viewer
-  whose pane tmux destroyed (SIGHUP, then SIGCONT) hung in its shutdown for ever.
+  terminal by hand and exits at once. The output thread is stopped with a bounded wait: a
+  viewer whose pane tmux destroyed (SIGHUP, then SIGCONT) hung in its shutdown for ever.
+- **Job control.** Ctrl-Z suspends the viewer as in ``top`` (the terminal is given back to
+  the shell) and ``fg`` redraws it in full. A viewer started in the background (``gputop
+  &``) stops on its first touch of the terminal (SIGTTOU, as upstream) and sets up its
+  screen on the SIGCONT of ``fg``. A SIGCONT restarts the screen only when it is not up
+  (after a suspend, or a start that found no terminal) and no exit has begun, so a stray
+  one (tmux destroying a pane, systemd after SIGTERM) never starts a second writer. The
+  SIGCONT is taken through the event loop's signal pipe, after any exit signal sent with
+  it (``kill %1`` sends SIGTERM then SIGCONT to a stopped job), and the exit signals stay
+  handled while the screen is down, so a stopped or background viewer ends quietly too.
 """
 
 from __future__ import annotations
@@ -33,10 +41,11 @@ from codecs import getincrementaldecoder
 from collections.abc import Callable
 from typing import Any
 
-from textual import constants
+from textual import constants, events
 from textual._time import get_time
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
+from textual.message import Message
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # What stop_application_mode writes, for the case where it cannot run: mouse tracking off
@@ -49,6 +58,7 @@ RESTORE = (
 INPUT_ENDED = 0  # exit status when the terminal's input ends (a clean stop, nothing failed)
 CLOSE_WAIT_S = 1.0  # at most this long for the output thread to take its stop, and to end
 POLL_S = 0.1  # upstream's select timeout: kept only while the parser may wait for a key
+STOP_AGAIN_S = 0.25  # continued in the background: time for a signal sent with the SIGCONT
 
 
 class WakingEvent(threading.Event):
@@ -79,7 +89,8 @@ def _close_fds(*fds: int) -> None:
 
 
 class GuardedDriver(LinuxDriver):
-    """LinuxDriver that stops reading at end of input and exits on SIGTERM/SIGHUP/SIGINT."""
+    """LinuxDriver that stops reading at end of input, exits on SIGTERM/SIGHUP/SIGINT and
+    suspends on Ctrl-Z (see the module's docstring)."""
 
     exit_signal: int | None = None
     _previous_handlers: dict[int, Any]
@@ -87,17 +98,41 @@ class GuardedDriver(LinuxDriver):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.exit_event = WakingEvent()  # wakes the input thread on shutdown
+        self._previous_handlers = {}
+        self._suspending = False  # stop_application_mode called by a suspend, not the exit
+        self._finished = False  # the app's own stop_application_mode ran: never resume
+
+    @property
+    def in_application_mode(self) -> bool:
+        """Whether the screen is up: an output thread runs. It is down before the start,
+        after a start that found no terminal (a background job: SIGTTOU), during a suspend
+        and after :meth:`close`."""
+        return self._writer_thread is not None
 
     def start_application_mode(self) -> None:
+        # The handlers first: a viewer started in the background stops (SIGTTOU) inside
+        # upstream's start, and a signal sent to it there must find them.
+        self._install_signal_handlers()
         super().start_application_mode()
-        self._previous_handlers = {}
+
+    def _install_signal_handlers(self) -> None:
+        if self._previous_handlers:  # a resume: still in place from the first start
+            return
         loop = asyncio.get_running_loop()
-        for sig in EXIT_SIGNALS:
+        for sig in (*EXIT_SIGNALS, signal.SIGCONT):
             self._previous_handlers[sig] = signal.getsignal(sig)
-            loop.add_signal_handler(sig, self._on_exit_signal, sig)
+            handler = self._on_sigcont if sig == signal.SIGCONT else self._on_exit_signal
+            loop.add_signal_handler(sig, handler, sig)
 
     def stop_application_mode(self) -> None:
-        previous = getattr(self, "_previous_handlers", {})
+        if not self._suspending:  # the app's exit: the handlers go with the screen
+            self._finished = True
+            self._remove_signal_handlers()
+        if self.in_application_mode:  # else nothing was set up, and nothing can be written
+            super().stop_application_mode()
+
+    def _remove_signal_handlers(self) -> None:
+        previous, self._previous_handlers = self._previous_handlers, {}
         with contextlib.suppress(RuntimeError):
             loop = asyncio.get_running_loop()
             for sig, handler in previous.items():
@@ -106,17 +141,83 @@ class GuardedDriver(LinuxDriver):
                 # so a signal during the caller's own cleanup is handled as it expects.
                 with contextlib.suppress(TypeError, ValueError):
                     signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous_handlers = {}
-        super().stop_application_mode()
+
+    def suspend_application_mode(self) -> None:
+        """Ctrl-Z (through :meth:`_sigtstp_application`) or ``App.suspend``: the screen
+        goes down, the exit signals stay handled."""
+        self._suspending = True
+        try:
+            super().suspend_application_mode()
+        finally:
+            self._suspending = False
+
+    def _sigtstp_application(self, *args: Any) -> None:
+        if self.in_application_mode and not self._finished:
+            super()._sigtstp_application(*args)  # suspend, then SIGSTOP
+        else:  # no screen to take down (not up yet, or the exit has begun): just stop
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _sigcont_application(self, *args: Any) -> None:
-        # Textual starts application mode again on every SIGCONT, which only a resume
-        # after its own Ctrl+Z suspend needs. A stray SIGCONT (tmux destroying a pane
-        # sends SIGHUP then SIGCONT; systemd sends SIGCONT after SIGTERM) started a second
-        # writer thread on a terminal that may be gone, and the shutdown then waited for
-        # ever to hand that dead writer its stop.
-        if self._must_signal_resume and self.exit_signal is None:
-            super()._sigcont_application(*args)
+        # Upstream's SIGCONT handler, run by Python in the middle of whatever the main
+        # thread was doing, started application mode again on every SIGCONT. SIGCONT is
+        # taken by the loop instead (_on_sigcont); this one only runs before the first
+        # start, when there is nothing to resume.
+        return
+
+    def _on_sigcont(self, _sig: int) -> None:
+        """On the loop: set the screen up again if it is down and the app is not on its
+        way out, once the viewer is in the foreground (``fg``). Continued in the
+        background (``bg``, or ``kill %1``: bash sends SIGCONT and SIGTERM in either
+        order), it stops again after :data:`STOP_AGAIN_S`, unless a signal that came with
+        the SIGCONT has begun the exit by then. Upstream's start would stop at once on
+        SIGTTOU, before that signal is seen: stopped for ever, SIGTERM pending."""
+        if not self._may_resume():
+            return
+        foreground = _in_foreground(self.fileno)
+        if foreground:
+            self.resume_application_mode()
+            if self.in_application_mode:
+                # A new alternate screen is blank: paint it all, not only what changed.
+                self._app.refresh(layout=True)
+        elif foreground is False:
+            self._loop.call_later(STOP_AGAIN_S, self._stop_if_background)
+        # None: the terminal is gone (a pane destroyed: SIGHUP comes too); nothing to do.
+
+    def _may_resume(self) -> bool:
+        return not (
+            self.in_application_mode
+            or not self._auto_restart  # App.suspend: the app resumes itself
+            or self._finished
+            or self.exit_signal is not None
+            or self._app._exit
+        )
+
+    def _stop_if_background(self) -> None:
+        if self._may_resume() and _in_foreground(self.fileno) is False:
+            os.kill(os.getpid(), signal.SIGSTOP)  # as upstream's start does on SIGTTOU
+
+    def disable_input(self) -> None:
+        # Only with the screen up: down, no input thread runs, and upstream's tcflush from
+        # a background job stops it on SIGTTOU (a stopped `gputop &` sent SIGTERM stopped
+        # again in its shutdown, for ever).
+        if self.in_application_mode:
+            super().disable_input()
+
+    def write(self, data: str) -> None:
+        """Upstream's write, dropped while the screen is down (upstream asserts): the app
+        may paint before a start that found no terminal is retried, and the resume
+        repaints everything."""
+        writer = self._writer_thread
+        if writer is not None:
+            writer.write(data)
+
+    def process_message(self, message: Message) -> None:
+        # Upstream leaves Ctrl-Z to an app binding; this viewer suspends on it as top does.
+        # Called on the input thread: the suspend joins that thread, so the loop runs it.
+        if isinstance(message, events.Key) and message.key == "ctrl+z":
+            self._loop.call_soon_threadsafe(self._app.action_suspend_process)
+            return
+        super().process_message(message)
 
     def close(self) -> None:
         """Stop the output thread, waiting a bounded time: a writer whose terminal is gone
@@ -187,6 +288,17 @@ def select_timeout(fed_at: float, ticked_at: float, wakes: bool) -> float | None
     if wakes and ticked_at >= fed_at + constants.ESCAPE_DELAY:
         return None
     return POLL_S
+
+
+def _in_foreground(fd: int) -> bool | None:
+    """Whether this process's group owns the terminal ``fd`` (True when ``fd`` is not a
+    terminal: upstream's start then runs as it is); None when the terminal is gone."""
+    try:
+        if not os.isatty(fd):
+            return True
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return None
 
 
 def _restore_terminal() -> None:
