@@ -559,12 +559,12 @@ def test_start_up_samples_do_not_make_a_disk_bound_loop_look_cpu_bound() -> None
             0,
             # 20 % of a core over the step, the wait 60 % of it: at most 33 % in the wait
             "the main process loads the batches itself and uses at most 33 % of a core "
-            "while the loop waits for them: it is blocked, and the node reads",
+            "while the loop waits for them: it is mostly off-CPU while the node reads",
         ),
         (
             4,
             "the loader workers use only 20 % of a core while the loop waits for them: "
-            "they are blocked, and the node reads",
+            "they are mostly off-CPU while the node reads",
         ),
     ],
 )

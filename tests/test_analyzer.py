@@ -174,6 +174,8 @@ def hello(
     pin_memory: bool | None = True,
     persistent: bool | None = True,
     prefetch: int | None = 4,
+    host_sampler: bool = False,
+    started: float = T0 - 30,
 ) -> Hello:
     info = (
         LoaderInfo(
@@ -193,10 +195,11 @@ def hello(
         name="run",
         host=HOST,
         pid=100,
-        started=T0 - 30,
+        started=started,
         probe_version="0.1.0",
         timing=timing,
         loader=info,
+        host_sampler=host_sampler,
     )
 
 
@@ -804,6 +807,118 @@ def test_rank_without_host_figures_is_said_plainly() -> None:
 def test_stale_host_samples_are_said_plainly() -> None:
     v = analyze(window(make_steps(wait=INPUT), systems(T0 - 60)))
     assert any(e.startswith("no host sample for 64 s:") for e in v.evidence), v.evidence
+
+
+# Host samples not arrived yet: the cause waits for them (a young run, or one whose probe
+# samples its node), rather than advising an agent. (A review: `gputop snapshot --wait 6`
+# started 2 s before a single local process read "cause unknown (no host samples)" and
+# "run `gputop agent`" 2 of 3 times.)
+PENDING = "cause pending: waiting for the run's first host samples"
+# steps from T0 to T0 + 3.9 s; a process started 2 s before the first step is young
+YOUNG = T0 - 2.0
+HOST_SAMPLES_PENDING: dict[str, tuple[Callable[[], Window], str]] = {
+    "young run, its probe samples the host, no host sample yet": (
+        lambda: window(make_steps(wait=INPUT), [], hello(host_sampler=True, started=YOUNG)),
+        "its probe samples the node",
+    ),
+    "young run, num_workers=0, its probe samples the host, no host sample yet": (
+        lambda: window(make_steps(wait=INPUT), [], hello(0, host_sampler=True, started=YOUNG)),
+        "its probe samples the node",
+    ),
+    "old run, its probe samples the host, no host sample yet": (
+        lambda: window(make_steps(wait=INPUT), [], hello(host_sampler=True)),
+        "its probe samples the node",
+    ),
+    "young run, another process samples the host, none yet": (
+        lambda: window(make_steps(wait=INPUT), [], hello(started=YOUNG)),
+        "the loop began 6.0 s ago",
+    ),
+    "its probe samples the host, the samples held are the start-up's": (
+        lambda: Window(
+            now=T0 + 3.95,
+            steps=make_steps(wait=INPUT),
+            systems=systems(T0 - 1.0, **QUIET),  # each interval began before the first step
+            hello=hello(host_sampler=True, started=YOUNG),
+            run_from=T0 - 0.1,
+        ),
+        "its probe samples the node",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("build", "why"), HOST_SAMPLES_PENDING.values(), ids=HOST_SAMPLES_PENDING.keys()
+)
+def test_host_samples_on_their_way_are_awaited_not_an_agent(
+    build: Callable[[], Window], why: str
+) -> None:
+    v = analyze(build())
+    assert v.kind == "input-bound" and v.cause == "unknown", v
+    assert "cause pending (waiting for the run's first host samples)" in v.headline, v.headline
+    assert any(e.startswith(PENDING) and why in e for e in v.evidence), v.evidence
+    assert not any("gputop agent" in e for e in v.evidence), v.evidence
+
+
+def test_a_young_run_waits_for_samples_before_blaming_num_workers_0() -> None:
+    """With num_workers=0 the host samples tell few-workers from a loader blocked on reads:
+    a young run waits for them even without a host sampler of its own."""
+    v = analyze(window(make_steps(wait=INPUT), [], hello(0, started=YOUNG)))
+    assert v.cause == "unknown" and any(e.startswith(PENDING) for e in v.evidence), v
+
+
+def test_no_sampler_and_no_agent_keeps_the_agent_advice() -> None:
+    """An old run whose probe does not sample the host, and no agent's samples."""
+    v = analyze(window(make_steps(wait=INPUT), [], hello(host_sampler=False)))
+    assert "cause unknown (no host samples)" in v.headline, v.headline
+    assert any(e.startswith("no host samples: run `gputop agent`") for e in v.evidence)
+
+
+# The node's reads are not said to be the loader's: a sample carries no reads per process
+# (probe/samples.py ProcessSample), so the disk rules that rest on the node's I/O alone
+# say whose reads are unknown. (A review: a loader that sleeps read "disk … the main
+# process waits on reads" while another job read the disk.)
+WHOSE = "whose reads these are is unknown: the node samples carry no reads per process"
+DISK_READS_UNATTRIBUTED: dict[str, tuple[Callable[[], Window], str | None]] = {
+    "blocked loader, num_workers=0: main off-CPU while the node reads": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            procs=processes(20.0),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "the main process loads the batches itself and uses at most 33 % of a core while "
+        "the loop waits for them: it is mostly off-CPU while the node reads",
+    ),
+    "blocked loader, workers off-CPU while the node reads": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(4),
+            procs=processes(20.0, [20.0] * 4),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "the loader workers use only 20 % of a core while the loop waits for them: they are "
+        "mostly off-CPU while the node reads",
+    ),
+    "disk (weak): I/O pressure high": (
+        lambda: window(make_steps(wait=INPUT), io_some=35.0, **QUIET),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("build", "line"), DISK_READS_UNATTRIBUTED.values(), ids=DISK_READS_UNATTRIBUTED.keys()
+)
+def test_disk_from_the_nodes_reads_says_whose_they_are_is_unknown(
+    build: Callable[[], Window], line: str | None
+) -> None:
+    v = analyze(build())
+    assert v.cause == "disk", v
+    assert any(e.startswith(WHOSE) for e in v.evidence), v.evidence
+    assert line is None or line in v.evidence, v.evidence
+    assert not any("it is blocked, and" in e for e in v.evidence), v.evidence
 
 
 def test_single_host_sample_is_said_plainly() -> None:

@@ -776,6 +776,7 @@ class _Ctx:
     own_device: tuple[str, int] | None  # ("GPU", 3): the rank's own accelerator, if matched
     device_note: str | None  # why the rank's own device could not be matched
     passes: PassStarts | None = None  # what the starts of passes cost (the probe's starts)
+    host_from: float | None = None  # since when the host samples count (_stretch_from)
 
     @property
     def loader(self) -> LoaderInfo | None:
@@ -861,8 +862,24 @@ def _input_bound(
     prev_cause = ctx.previous.cause if ctx.previous and ctx.previous.kind == "input-bound" else None
     hello = ctx.window.hello
     expected = hello is not None and hello.host_sampler
+    # How long host samples of the loop have had to come: since the stretch they count
+    # from (the first step, a re-entry), else since the process started.
+    since = ctx.host_from if ctx.host_from is not None else (hello.started if hello else None)
+    resumed = (
+        ctx.host_from is not None
+        and ctx.window.run_from is not None
+        and ctx.host_from > ctx.window.run_from
+    )
     cause = input_cause(
-        ctx.host, ctx.loader, prev_cause, ctx.framework, stats.wait_share, expected, ctx.passes
+        ctx.host,
+        ctx.loader,
+        prev_cause,
+        ctx.framework,
+        stats.wait_share,
+        expected,
+        ctx.passes,
+        run_age_s=ctx.window.now - since if since is not None else None,
+        resumed=resumed,
     )
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
@@ -1339,6 +1356,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
     if not enough_steps(steps):
         return _warming_up(window, steps)
     own, note = own_device(window.systems, hello.device if hello else None)
+    host_from = _stretch_from(window, steps)
     ctx = _Ctx(
         window=window,
         previous=previous,
@@ -1350,7 +1368,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
             hello.host if hello else None,
             window.now,
             _scope(hello),
-            _stretch_from(window, steps),
+            host_from,
         ),
         devices=device_states(window.systems, window.now, own),
         steps=steps,
@@ -1366,6 +1384,7 @@ def analyze(window: Window, previous: Verdict | None = None) -> Verdict:
             if hello is not None
             else None
         ),
+        host_from=host_from,
     )
     main = _throughput(ctx)
     candidates = [main, *(c for b in _BUILDERS if (c := b(ctx)) is not None)]

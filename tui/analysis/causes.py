@@ -35,6 +35,7 @@ from gputop_dl.tui.analysis.thresholds import (
     DISK_READ_ACTIVE_BPS,
     FREE_CORES_FOR_WORKERS,
     HOST_CPU_FULL_FREE_CORES,
+    HOST_SAMPLES_DUE_S,
     IO_PRESSURE_HIGH_PCT,
     IO_PRESSURE_SOME_PCT,
     IOWAIT_HIGH_CORES,
@@ -57,6 +58,15 @@ from gputop_dl.tui.analysis.thresholds import (
 
 NO_HOST_SAMPLES = (
     "no host samples: run `gputop agent` on this node or let local rank 0 sample the host"
+)
+# Host samples are on their way (the run's probe samples the node, or the run is young):
+# the cause waits for them.
+PENDING = "cause pending"
+# The node's reads are the disk rules' evidence, but a sample does not say whose they are:
+# ProcessSample carries no reads per process, so another process's may stand in.
+READS_WHOSE = (
+    "whose reads these are is unknown: the node samples carry no reads per process, and "
+    "another process may be reading (iotop -o or pidstat -d 1 shows whose)"
 )
 MEASURE_LOADER_ALONE = (
     "measure the loader alone (iterate the DataLoader without the model): its rate is the "
@@ -98,10 +108,25 @@ class Context:
     wait_share: float | None = None  # the loop's data wait / step time (main loads then)
     samples_expected: bool = False  # the run samples its node (hello.host_sampler)
     passes: PassStarts | None = None  # what the starts of passes cost
+    # Seconds since the host figures' stretch began (the run's first step, or its re-entry
+    # into the loop, else its process's start); None: unknown.
+    run_age_s: float | None = None
+    resumed: bool = False  # that stretch began at a re-entry into the loop or after a hang
 
     @property
     def enough_host(self) -> bool:
         return self.host.n_host_samples >= MIN_SYSTEMS
+
+    @property
+    def young(self) -> bool:
+        """The run (or its stretch of the loop) began too recently for host samples of it."""
+        return self.run_age_s is not None and self.run_age_s < HOST_SAMPLES_DUE_S
+
+    @property
+    def samples_pending(self) -> bool:
+        """Host samples of the loop are on their way: the run's probe samples its node, or
+        the run is young (another sampler's may not have come yet)."""
+        return self.samples_expected or self.young
 
     @property
     def configured(self) -> int | None:
@@ -618,18 +643,18 @@ def _blocked_loader(ctx: Context) -> Cause | None:
     if ctx.workers == 0:  # it loads the batches itself (num_workers=0)
         line = (
             f"the main process loads the batches itself and uses {bound} {share} of a core "
-            "while the loop waits for them: it is blocked, and the node reads"
+            "while the loop waits for them: it is mostly off-CPU while the node reads"
         )
     else:
         line = (
             f"the loader workers use only {share} of a core while the loop waits for them: "
-            "they are blocked, and the node reads"
+            "they are mostly off-CPU while the node reads"
         )
     return Cause(
         "disk",
         0.65,
         f"{who} {'waits' if ctx.workers == 0 else 'wait'} on reads",
-        _merge([line], host_evidence(ctx)),
+        _merge([line], [*host_evidence(ctx), READS_WHOSE]),
         _disk_advice(ctx),
     )
 
@@ -680,9 +705,10 @@ def _cpu(ctx: Context) -> Cause | None:
     h = ctx.host
     workers = ctx.workers
     if workers == 0:
-        if not ctx.enough_host and (h.latest_age_s is not None or ctx.samples_expected):
-            # Host samples are on their way: whether the main process computes or waits on
-            # reads decides between this and the disk (no first blame to take back).
+        if not ctx.enough_host and (h.latest_age_s is not None or ctx.samples_pending):
+            # Host samples are on their way (or the run is too young to tell): whether the
+            # main process computes or waits on reads decides between this and the disk
+            # (no first blame to take back).
             return None
         pinned = h.main_cpu_pct is not None and h.main_cpu_pct >= PROCESS_SATURATED_PCT
         if ctx.configured == 0:
@@ -932,7 +958,7 @@ def _io_wait(ctx: Context) -> Cause | None:
         "disk",
         0.6,
         "the loader waits on I/O (iowait / I/O pressure high, loader not CPU-bound)",
-        tuple(host_evidence(ctx)),
+        _merge(host_evidence(ctx), [READS_WHOSE]),
         _disk_advice(ctx),
     )
 
@@ -943,6 +969,8 @@ def _missing(ctx: Context) -> str:
     if h.n_host_samples == 0:
         if h.latest_age_s is not None and h.latest_age_s > SYSTEM_WINDOW_S and h.n_samples == 0:
             return f"no host sample for {fmt.dur(h.latest_age_s)}: is the node sampler running?"
+        if ctx.samples_pending:
+            return _pending(ctx)
         return NO_HOST_SAMPLES
     if h.n_host_samples < MIN_SYSTEMS:
         return f"only {h.n_host_samples} host sample so far, {MIN_SYSTEMS} needed for a cause"
@@ -952,12 +980,30 @@ def _missing(ctx: Context) -> str:
     )
 
 
+def _pending(ctx: Context) -> str:
+    """Why no host sample is held yet, when they are on their way."""
+    what = "host samples since the loop resumed" if ctx.resumed else "the run's first host samples"
+    if ctx.samples_expected:
+        why = (
+            "its probe samples the node once a second, every 5 s while no viewer is "
+            "connected; a sample begun before the loop is the start-up's"
+        )
+    else:
+        age = fmt.dur(ctx.run_age_s) if ctx.run_age_s is not None else "moments"
+        began = "resumed" if ctx.resumed else "began"
+        why = f"the loop {began} {age} ago"
+    return f"{PENDING}: waiting for {what} ({why})"
+
+
 def _unknown(ctx: Context) -> Cause:
     missing = _missing(ctx)
+    head, _, rest = missing.partition(": ")
+    # "cause pending (waiting for the run's first host samples)"; else the reason's head.
+    summary = f"{PENDING} ({rest.split(' (')[0]})" if head == PENDING else f"cause unknown ({head})"
     return Cause(
         "unknown",
         1.0,
-        f"cause unknown ({missing.split(':')[0]})",
+        summary,
         _merge([missing], host_evidence(ctx)),
         (MEASURE_LOADER_ALONE,),
     )
@@ -983,8 +1029,20 @@ def input_cause(
     wait_share: float | None = None,
     samples_expected: bool = False,
     passes: PassStarts | None = None,
+    run_age_s: float | None = None,
+    resumed: bool = False,
 ) -> Cause:
-    ctx = Context(host, loader, previous_cause, framework, wait_share, samples_expected, passes)
+    ctx = Context(
+        host,
+        loader,
+        previous_cause,
+        framework,
+        wait_share,
+        samples_expected,
+        passes,
+        run_age_s,
+        resumed,
+    )
     for rule in RULES:
         cause = rule(ctx)
         if cause is not None:

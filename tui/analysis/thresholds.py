@@ -80,6 +80,11 @@ PASS_OTHER_STEPS = 3  # steps besides the starts, to know what a batch waits any
 PASS_LOADER_SHARE = 0.1  # a loader whose starts cost this share of the wait is named
 MIN_SYSTEMS = 2  # host-based causes need at least two samples (one can be a transient)
 SYSTEM_WINDOW_S = 6.0  # host figures are medians over the samples of the last 6 s
+# A run this young (since its first step, or its process's start) may have no host sample
+# of its loop yet: a probe samples the node once a second, every 5 s while no viewer is
+# connected, and a sample begun before the first step is the start-up's. Until then the
+# cause waits for them rather than advising an agent.
+HOST_SAMPLES_DUE_S = 15.0
 CORE_PINNED_PCT = 90.0  # a core this busy is pinned
 PROCESS_SATURATED_PCT = 90.0  # a process this busy (of one core) is CPU-bound (= sampler)
 FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a core 84 %
