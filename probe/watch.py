@@ -278,9 +278,9 @@ def _ran_out(ended: list[bool]) -> Any:
 class Watched(Generic[T]):
     """The wrapped ``iterable`` as the training sees it; passes over it are timed."""
 
-    _iterable: Iterable[T]
-    _samples: Samples
-    _data_path: str | None
+    _gputop_iterable: Iterable[T]
+    _gputop_samples: Samples
+    _gputop_data_path: str | None
 
     def __init__(
         self,
@@ -291,19 +291,19 @@ class Watched(Generic[T]):
         data_path: str | None = None,
     ) -> None:
         if isinstance(iterable, Watched):  # wrapping twice must not time steps twice
-            samples = iterable._samples if samples is None else samples
-            data_path = data_path or iterable._data_path
-            iterable = iterable._iterable
-        self._probe = probe
-        self._iterable = iterable
-        self._samples = samples
-        self._data_path = data_path
+            samples = iterable._gputop_samples if samples is None else samples
+            data_path = data_path or iterable._gputop_data_path
+            iterable = iterable._gputop_iterable
+        self._gputop_probe = probe
+        self._gputop_iterable = iterable
+        self._gputop_samples = samples
+        self._gputop_data_path = data_path
         # What its counter learned of its batches' structure (loader.counting): the
         # C-timed loop counts batches that fit it in its own frame.
-        self._learned: loader.Learned = [None]
-        self._count = _counter(samples, self._learned)
-        self._info: LoaderInfo | None = None  # the loader's settings, read on the first pass
-        self._framework: str | None = None
+        self._gputop_learned: loader.Learned = [None]
+        self._gputop_count = _counter(samples, self._gputop_learned)
+        self._gputop_info: LoaderInfo | None = None  # the loader's settings, read on the first pass
+        self._gputop_framework: str | None = None
         _register_pytree()
         if "transformers.trainer" in sys.modules:
             _fit_hf_resume()
@@ -315,7 +315,7 @@ class Watched(Generic[T]):
         # unpickling (which look up attributes before __init__ ran) from recursing.
         if name.startswith("__") or name in _OWN:
             raise AttributeError(name)
-        return getattr(self._iterable, name)
+        return getattr(self._gputop_iterable, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The training's settings reach the loader (`loader.epoch = e` before a pass: a
@@ -323,47 +323,50 @@ class Watched(Generic[T]):
         if name in _OWN:
             object.__setattr__(self, name, value)
         else:
-            setattr(self._iterable, name, value)
+            setattr(self._gputop_iterable, name, value)
 
     def __delattr__(self, name: str) -> None:
         if name in _OWN:
             object.__delattr__(self, name)
         else:
-            delattr(self._iterable, name)
+            delattr(self._gputop_iterable, name)
 
     def __len__(self) -> int:
-        return len(self._iterable)  # type: ignore[arg-type]  # TypeError, as the loader's
+        return len(self._gputop_iterable)  # type: ignore[arg-type]  # TypeError, as the loader's
 
     def __bool__(self) -> bool:
-        return bool(self._iterable)  # (not len(): a generator is true, and has none)
+        return bool(self._gputop_iterable)  # (not len(): a generator is true, and has none)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Spawned workers, ddp_spawn: the loader plus options; the other side re-attaches
         # to its own default probe (or gets the bare loader when the probe is off there).
         # A samples= pickle cannot take (a lambda, as the README's) is left behind: the
         # other side counts batches itself, where the loader alone pickled.
-        samples = self._samples
+        samples = self._gputop_samples
         if samples is not None and not isinstance(samples, int):
             try:
                 pickle.dumps(samples)
             except Exception:
                 samples = None
-        return (_rewatch, (self._iterable, samples, self._data_path))
+        return (_rewatch, (self._gputop_iterable, samples, self._gputop_data_path))
 
     def __copy__(self) -> Watched[T]:
         """A watched shallow copy of the loader, as ``copy.copy(loader)`` is (the
         reduction's would share the loader: a setting made on the copy reached it)."""
         return watched(
-            self._probe, copy.copy(self._iterable), samples=self._samples, data_path=self._data_path
+            self._gputop_probe,
+            copy.copy(self._gputop_iterable),
+            samples=self._gputop_samples,
+            data_path=self._gputop_data_path,
         )
 
     def __repr__(self) -> str:
-        return f"gputop watch({self._iterable!r})"
+        return f"gputop watch({self._gputop_iterable!r})"
 
     @property
     def wrapped(self) -> Iterable[T]:
         """The loader this object times."""
-        return self._iterable
+        return self._gputop_iterable
 
     # ------------------------------------------------------------------ the loop
     def __iter__(self) -> Iterator[T]:
@@ -374,7 +377,7 @@ class Watched(Generic[T]):
         except ValueError:  # asked from C with no Python frame (a thread's C target)
             checking = False
         return self._pass(
-            iter, eager=not (checking and loader.is_torch_loader(type(self._iterable)))
+            iter, eager=not (checking and loader.is_torch_loader(type(self._gputop_iterable)))
         )
 
     def _pass(self, start: Callable[[Any], Iterator[T]], eager: bool = True) -> Iterator[T]:
@@ -385,9 +388,9 @@ class Watched(Generic[T]):
         its first batch: an iterator made only to check the loader is iterable, whose
         iter() would draw a DataLoader's seed from torch's generator (every epoch's
         shuffle changed) and fork its workers for nothing."""
-        probe = self._probe
+        probe = self._gputop_probe
         if not probe.enabled or _forked():
-            return start(self._iterable)
+            return start(self._gputop_iterable)
         # The pass is a chain of stretches (see _stretches): the batches of a C-timed one
         # reach the training with no Python frame between (a generator that passed them
         # on with `yield from` cost the training thread 0.15-0.24 us a step more at
@@ -398,7 +401,7 @@ class Watched(Generic[T]):
         timed = cast("_Pass[T]", _Pass.from_iterable(each))  # typeshed: a chain
         timed.stretches = stretches
         timed.turns = turns
-        timed.loader = self._iterable
+        timed.loader = self._gputop_iterable
         if eager:
             # Up to the loader's iter() made (an empty first stretch), or returned at
             # once when iter() raised StopIteration, which is raised here.
@@ -419,7 +422,7 @@ class Watched(Generic[T]):
         A loader's exception reaches the training as a stretch that raises it, and the
         pass goes on if the training asks again, as the loader's own iterator would (a
         loop that skips a bad batch); the fetch that raised is no step."""
-        probe = self._probe
+        probe = self._gputop_probe
         how = "exhausted"
         segment: Segment | None = None  # the C-timed segment under way
         # How the last fetch raised, until the training asks again (a counting stretch,
@@ -435,13 +438,13 @@ class Watched(Generic[T]):
         # that time as the pass's start, not as "outside the training loop", and a hang
         # there as one; a loader that cannot start leaves it at once. A loop inside
         # another's step is entered after: one that cannot start leaves that pass alone.
-        instance = loader.unwrap(self._iterable)[0]
+        instance = loader.unwrap(self._gputop_iterable)[0]
         key = loader.identity(instance)
         early = probe._leave_pending() == 0
         try:
             if early:
-                probe._loop_entered(None, self._framework, key, instance, held)
-            iterator = start(self._iterable)
+                probe._loop_entered(None, self._gputop_framework, key, instance, held)
+            iterator = start(self._gputop_iterable)
         except BaseException as exc:  # (a Ctrl-C inside _loop_entered: none left open)
             probe._loop_left(f"exception:{type(exc).__name__}", held)
             if isinstance(exc, StopIteration):
@@ -472,9 +475,9 @@ class Watched(Generic[T]):
                 if early:
                     probe._loop_described(info, key)
                 else:
-                    probe._loop_entered(info, self._framework, key, instance, held)
+                    probe._loop_entered(info, self._gputop_framework, key, instance, held)
                 pids_late = info is not None and not info.worker_pids and bool(info.num_workers)
-                count = self._count
+                count = self._gputop_count
                 open_step = probe._open_step
                 close_step = probe._close_step
                 append = probe._steps.append
@@ -488,7 +491,7 @@ class Watched(Generic[T]):
                 # The probe's own counter (loader.counting) never raises, so the C-timed
                 # stretches call it bare; a user's samples= function stays in this loop,
                 # where its errors are caught.
-                own_counter = self._samples is None
+                own_counter = self._gputop_samples is None
                 # The loader's batch position: batches passed on, and fetches that raised.
                 position = 0
                 checked = False  # the first batch's count held against the plan
@@ -624,10 +627,10 @@ class Watched(Generic[T]):
         steps.) An exception of the loader's is noted in ``held`` as it passes."""
         assert segment.counts is not None
         add_count = segment.counts.append
-        count = self._count
+        count = self._gputop_count
         uncounted = UNCOUNTED  # a local: read twice a step
         item: Any
-        outer, in_first, inner, by_len = loader.quick_way(self._learned)
+        outer, in_first, inner, by_len = loader.quick_way(self._gputop_learned)
         closing = False
         try:
             for item in segment.timed(iterator):
@@ -662,24 +665,24 @@ class Watched(Generic[T]):
     def _plan(self) -> tuple[int, int, int] | None:
         """The pass's counts known before it starts (see loader.batch_plan): a fixed
         ``samples=``, or torch's own batching."""
-        samples = self._samples
+        samples = self._gputop_samples
         if isinstance(samples, int) and not isinstance(samples, bool):
             return None if as_count(samples) is None else (samples, sys.maxsize, samples)
         if samples is not None:  # the user's function decides, batch by batch
             return None
-        return loader.batch_plan(self._iterable)
+        return loader.batch_plan(self._gputop_iterable)
 
     def _pass_info(self, iterator: Any) -> LoaderInfo | None:
         """This pass's LoaderInfo: the settings (read once) plus this epoch's worker pids."""
         try:
-            if self._info is None:
-                self._info = loader.describe(self._iterable, self._data_path)
-                self._framework = loader.framework(self._iterable)
-                _check_sharding(self._iterable, self._framework)
-            pids = loader.worker_pids(iterator, self._iterable)
-            return loader.with_pids(self._info, pids)
+            if self._gputop_info is None:
+                self._gputop_info = loader.describe(self._gputop_iterable, self._gputop_data_path)
+                self._gputop_framework = loader.framework(self._gputop_iterable)
+                _check_sharding(self._gputop_iterable, self._gputop_framework)
+            pids = loader.worker_pids(iterator, self._gputop_iterable)
+            return loader.with_pids(self._gputop_info, pids)
         except Exception:  # describing is best effort; the loop must run regardless
-            return self._info
+            return self._gputop_info
 
 
 class WatchedIterator(Watched[T]):
@@ -689,28 +692,28 @@ class WatchedIterator(Watched[T]):
     pass before it is left as by a ``break``. A watched iterator raised "not an
     iterator" at ``next()``."""
 
-    _current: Iterator[T] | None = None
+    _gputop_current: Iterator[T] | None = None
 
     def __iter__(self) -> Iterator[T]:
-        current = self._current
+        current = self._gputop_current
         if current is not None:
-            self._current = None
+            self._gputop_current = None
             cast("_Pass[T]", current).leave()  # as by a break: one pass open at once
         # Not kept here: the pass's frame holds this object, and a kept pass would wait
         # for the collector to end when the loop lets go of it.
         return super().__iter__()
 
     def __next__(self) -> T:
-        current = self._current
+        current = self._gputop_current
         if current is None:  # the pass next() goes through lives as long as this object
-            current = self._current = self._pass(_as_it_is)  # as next() on it: no iter()
+            current = self._gputop_current = self._pass(_as_it_is)  # as next() on it: no iter()
         try:
             return next(current)
         except StopIteration:
             # A next() after the iterator's StopIteration is its own to answer, in a new
             # pass: a generator's ends again; a stream that ends each epoch so goes on
             # (DALI's iterators reset themselves), which the ended pass cut off for good.
-            self._current = None
+            self._gputop_current = None
             raise
 
 
@@ -720,22 +723,22 @@ def _as_it_is(iterator: Iterator[T]) -> Iterator[T]:
 
 def watched(probe: Probe, iterable: Iterable[T], **options: Any) -> Watched[T]:
     """``probe.watch``'s wrapper: an iterator's can be asked ``next()`` as it can."""
-    inner = iterable._iterable if isinstance(iterable, Watched) else iterable
+    inner = iterable._gputop_iterable if isinstance(iterable, Watched) else iterable
     kind = WatchedIterator if hasattr(type(inner), "__next__") else Watched
     return kind(probe, iterable, **options)
 
 
 _OWN = frozenset(
     {
-        "_probe",
-        "_iterable",
-        "_samples",
-        "_data_path",
-        "_learned",
-        "_count",
-        "_info",
-        "_framework",
-        "_current",
+        "_gputop_probe",
+        "_gputop_iterable",
+        "_gputop_samples",
+        "_gputop_data_path",
+        "_gputop_learned",
+        "_gputop_count",
+        "_gputop_info",
+        "_gputop_framework",
+        "_gputop_current",
     }
 )
 
@@ -792,7 +795,7 @@ def _rewatch(iterable: Any, samples: Samples, data_path: str | None) -> Any:
 
 
 def _flatten(w: Watched[Any]) -> tuple[list[Any], Any]:
-    if _needs_distributed_sampler(w._iterable):
+    if _needs_distributed_sampler(w._gputop_iterable):
         # Lightning will re-create this loader with a DistributedSampler. Hand it the loader
         # so each rank keeps its shard; what Lightning then iterates is not this object.
         _warn_once(
@@ -803,7 +806,13 @@ def _flatten(w: Watched[Any]) -> tuple[list[Any], Any]:
             "gputop_dl.probe.integrations.lightning.GputopCallback() to Trainer(callbacks=...).",
             _world_size(),
         )
-        return [w._iterable], ("inner", w._probe, w._samples, w._data_path, type(w._iterable))
+        return [w._gputop_iterable], (
+            "inner",
+            w._gputop_probe,
+            w._gputop_samples,
+            w._gputop_data_path,
+            type(w._gputop_iterable),
+        )
     # No children: tree walkers (Lightning's CombinedLoader) keep the Watched as one leaf
     # and iterate it, so its passes are timed.
     return [], ("self", w)
@@ -841,10 +850,10 @@ def _fit_hf_resume() -> None:
     def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         if isinstance(dataloader, Watched):
             return watched(
-                dataloader._probe,
-                original(dataloader._iterable, num_batches),
-                samples=dataloader._samples,
-                data_path=dataloader._data_path,
+                dataloader._gputop_probe,
+                original(dataloader._gputop_iterable, num_batches),
+                samples=dataloader._gputop_samples,
+                data_path=dataloader._gputop_data_path,
             )
         return original(dataloader, num_batches)
 

@@ -287,8 +287,8 @@ def test_pickles_as_the_loader_and_reattaches(p: Recording) -> None:
     watched = p.watch(base, samples=4)
     clone: Any = pickle.loads(pickle.dumps(watched))
     try:
-        assert isinstance(clone, Watched) and clone._probe is probe.default()
-        assert clone._samples == 4 and values(clone) == values(base)
+        assert isinstance(clone, Watched) and clone._gputop_probe is probe.default()
+        assert clone._gputop_samples == 4 and values(clone) == values(base)
     finally:
         probe.default().close()
         probe._default = None

@@ -407,3 +407,28 @@ def test_a_loaders_exception_keeps_its_own_context(p: probe.Probe) -> None:
         "KeyError('shard-7')",
         "TimeoutError('step timed out')",
     ]
+
+
+class Counting:
+    """A loader with attributes named as a wrapper might name its own."""
+
+    def __init__(self) -> None:
+        self._count, self._info, self._samples, self._probe = 7, {"source": "s3"}, [1, 2], "p"
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._count))
+
+
+def test_a_loaders_private_attributes_are_its_own_through_the_wrapper(p: probe.Probe) -> None:
+    """`loader._count` read the wrapper's counter, and setting it broke the loop
+    ("'int' object is not callable")."""
+    for loader in (Counting(), p.watch(Counting())):
+        got: Any = loader
+        assert (got._count, got._info, got._samples, got._probe) == (
+            7,
+            {"source": "s3"},
+            [1, 2],
+            "p",
+        )
+        got._count = 3
+        assert list(got) == [0, 1, 2]
