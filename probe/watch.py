@@ -100,7 +100,9 @@ class _Pass(chain[T]):
     def __getattr__(self, name: str) -> Any:
         """The loader's iterator's own attributes (a DataLoader iterator's
         ``_num_yielded``), as on ``iter(loader)``. Only for names the pass lacks."""
-        iterator = self.turns.iterator if not name.startswith("__") else None
+        # (Its own slots unset, before _pass set them: no recursion through self.turns.)
+        own = name.startswith("__") or name in _Pass.__slots__
+        iterator = None if own else self.turns.iterator
         if iterator is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(iterator, name)
