@@ -142,6 +142,11 @@ class ProcessSample:
     name: Str
     cpu_pct: Num | None  # percent of one core; 100 = one core saturated
     rss_bytes: Count | None
+    # Bytes/s the process read from storage since its previous sample (``read_bytes`` of
+    # /proc/<pid>/io: what reached the disk, not page-cache hits); None: unreadable, not
+    # Linux, or the first sample of that pid. What tells the training's reads from another
+    # process's on a node both read.
+    read_bps: Num | None = None
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,20 @@ def cores(n: int = 8, busy: float = 5.0, pinned: int = 0, iowait: float = 0.0) -
     return CpuSample(tuple(made), None)
 
 
-def processes(main: float | None = 30.0, workers: Sequence[float] = ()) -> TrainingProcesses:
-    procs = [ProcessSample(100, "main", "python", main, 1 << 30)]
-    procs += [ProcessSample(101 + i, "worker", "python", w, 1 << 28) for i, w in enumerate(workers)]
+def processes(
+    main: float | None = 30.0,
+    workers: Sequence[float] = (),
+    *,
+    main_reads: float | None = None,
+    worker_reads: float | None = None,
+) -> TrainingProcesses:
+    """The training's processes; ``*_reads``: each one's reads from storage, bytes/s
+    (None: not reported, as an older probe's samples)."""
+    procs = [ProcessSample(100, "main", "python", main, 1 << 30, main_reads)]
+    procs += [
+        ProcessSample(101 + i, "worker", "python", w, 1 << 28, worker_reads)
+        for i, w in enumerate(workers)
+    ]
     return TrainingProcesses(
         tuple(procs),
         saturated_workers=sum(1 for w in workers if w >= 90.0),
@@ -919,6 +930,132 @@ def test_disk_from_the_nodes_reads_says_whose_they_are_is_unknown(
     assert any(e.startswith(WHOSE) for e in v.evidence), v.evidence
     assert line is None or line in v.evidence, v.evidence
     assert not any("it is blocked, and" in e for e in v.evidence), v.evidence
+
+
+# With reads per process (ProcessSample.read_bps) the node's reads are told apart: a
+# loader that sleeps in __getitem__ on a node where another job reads 400 MB/s read
+# "disk … mostly off-CPU while the node reads", advice "copy the dataset to NVMe", and
+# flapped with few-workers as the other job's reads came and went.
+OTHERS = "another process's reads"
+ZERO_OWN = {"main_reads": 0.0, "worker_reads": 0.0}
+DISK_READS_OF_ANOTHER: dict[str, tuple[Callable[[], Window], str, str]] = {
+    "num_workers=0, main off-CPU and reading nothing, the node 400 MB/s": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            procs=processes(20.0, **ZERO_OWN),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "few-workers",
+        "the node reads 400 MB/s, the training's loading processes 0 kB/s: " + OTHERS,
+    ),
+    "4 workers off-CPU and reading nothing, the node 400 MB/s": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(4),
+            procs=processes(20.0, [20.0] * 4, **ZERO_OWN),
+            disk_read=400e6,
+            disk_busy=34.0,
+        ),
+        "few-workers",
+        "the node reads 400 MB/s, the training's loading processes 0 kB/s: " + OTHERS,
+    ),
+    "data disk 90 % busy with another process's reads": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(4),
+            procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=100e3),
+            disk_read=400e6,
+            disk_busy=90.0,
+        ),
+        "few-workers",
+        "the node reads 400 MB/s, the training's loading processes 400 kB/s: " + OTHERS,
+    ),
+    "I/O pressure 35 % and iowait, the node 2.6 MB/s, the loader 0": (
+        lambda: window(
+            make_steps(wait=INPUT),
+            h=hello(0),
+            cpu=cores(iowait=10.0),
+            procs=processes(20.0, **ZERO_OWN),
+            disk_read=2.6e6,
+            io_some=35.0,
+        ),
+        "few-workers",
+        "the node reads 2.6 MB/s, the training's loading processes 0 kB/s: " + OTHERS,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("build", "cause", "line"), DISK_READS_OF_ANOTHER.values(), ids=DISK_READS_OF_ANOTHER.keys()
+)
+def test_the_nodes_reads_of_another_process_are_not_the_loaders_disk(
+    build: Callable[[], Window], cause: str, line: str
+) -> None:
+    v = analyze(build())
+    assert (v.kind, v.cause) == ("input-bound", cause), v
+    assert line in v.evidence, v.evidence
+    assert any(
+        "what the node reads is another process's: the loading waits" in e for e in v.evidence
+    ), v.evidence
+    assert not any(e.startswith(WHOSE) for e in v.evidence), v.evidence
+    assert not any("NVMe" in a for a in v.advice), v.advice
+
+
+def test_a_sleeping_loader_is_few_workers_whether_or_not_the_node_reads() -> None:
+    """The same loader, the other job's reads coming and going: one verdict."""
+
+    def cause(disk_read: float, busy: float) -> str | None:
+        v = analyze(
+            window(
+                make_steps(wait=INPUT),
+                h=hello(1),
+                procs=processes(20.0, [3.0], **ZERO_OWN),
+                disk_read=disk_read,
+                disk_busy=busy,
+            )
+        )
+        assert v.kind == "input-bound", v
+        return v.cause
+
+    assert cause(400e6, 34.0) == cause(0.0, 0.0) == "few-workers"
+
+
+DISK_READS_OF_THE_LOADER: dict[str, Callable[[], Window]] = {
+    "num_workers=0, main off-CPU reading 350 MB/s of the node's 400": lambda: window(
+        make_steps(wait=INPUT),
+        h=hello(0),
+        procs=processes(20.0, main_reads=350e6),
+        disk_read=400e6,
+        disk_busy=34.0,
+    ),
+    "4 workers off-CPU reading 350 MB/s of the node's 400": lambda: window(
+        make_steps(wait=INPUT),
+        h=hello(4),
+        procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=87.5e6),
+        disk_read=400e6,
+        disk_busy=34.0,
+    ),
+    "data disk 90 % busy, the loader reading 350 MB/s of it": lambda: window(
+        make_steps(wait=INPUT),
+        h=hello(4),
+        procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=87.5e6),
+        disk_read=400e6,
+        disk_busy=90.0,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "build", DISK_READS_OF_THE_LOADER.values(), ids=DISK_READS_OF_THE_LOADER.keys()
+)
+def test_the_loaders_own_reads_name_the_disk_and_say_whose(build: Callable[[], Window]) -> None:
+    v = analyze(build())
+    assert v.cause == "disk", v
+    own = "the training's loading processes (main and workers) read 350 MB/s of the node's 400 MB/s"
+    assert own in v.evidence, v.evidence
+    assert not any(e.startswith(WHOSE) for e in v.evidence), v.evidence
 
 
 def test_single_host_sample_is_said_plainly() -> None:

@@ -43,7 +43,7 @@ from gputop_dl.probe.collectors.host import (
 from gputop_dl.probe.collectors.processes import FULL_SCAN_EVERY, descendants_from_children_files
 from gputop_dl.probe.messages import System
 from gputop_dl.probe.protocol import decode, encode
-from gputop_dl.probe.samples import MAX_STR, SystemSample
+from gputop_dl.probe.samples import MAX_STR, ProcessSample, SystemSample, TrainingProcesses
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -146,20 +146,11 @@ def test_fsynced_write_and_cold_read_seen_on_data_device(tmp_path: Path) -> None
     directory, device = _block_backed_dir(tmp_path)
     size = 64 * 1024 * 1024
     target = directory / f".gputop-disk-test-{os.getpid()}"
-    chunk = os.urandom(1024 * 1024)
     hc = HostCollector(data_path=str(directory))
     try:
         t0 = time.monotonic()
         hc.sample()
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            for _ in range(size // len(chunk)):
-                os.write(fd, chunk)
-            os.fsync(fd)
-            # Clean pages can now be dropped, so the read below must hit the disk.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        _cold_file(target, size)  # the read below must hit the disk
         fd = os.open(target, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -317,6 +308,112 @@ def test_process_collector_sees_spinning_worker() -> None:
     assert second.saturated_workers == len(spinning)
     if worker.cpu_pct >= 90:  # the usual case; a starved CI core may fall short of 90 %
         assert second.saturated_workers >= 1
+
+
+READER = (
+    "import os, sys, time\n"
+    "sys.stdin.readline()\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)\n"
+    "while os.read(fd, 4 << 20):\n"
+    "    pass\n"
+    "os.close(fd)\n"
+    "print('read', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+def _read_bytes_of(pid: int) -> int:
+    """``read_bytes`` of /proc/<pid>/io as the kernel counts it (0: not readable)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def _cold_file(path: Path, size: int) -> None:
+    """``size`` bytes written and synced, their pages dropped: a read of them hits the disk."""
+    chunk = os.urandom(1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(size // len(chunk)):
+            os.write(fd, chunk)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("linux", [True, False], ids=["proc-io", "psutil"])
+def test_process_collector_sees_a_worker_read_from_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, linux: bool
+) -> None:
+    """A worker that reads a cold 50 MB file: its own read rate (/proc/<pid>/io read_bytes,
+    or psutil's io_counters() where the children files are missing) shows the reads, so
+    the analyzer can tell them from another process's on the node."""
+    if not linux:
+        monkeypatch.setattr(processes, "_children_files_supported", lambda root: False)
+    size = 50 << 20
+    target = tmp_path / "data.bin"
+    _cold_file(target, size)
+    child = subprocess.Popen(
+        [sys.executable, "-c", READER, str(target)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        pc = ProcessCollector(os.getpid(), worker_pids=lambda: {child.pid})
+        time.sleep(0.2)  # the child's imports are read before the first sample
+        first = pc.sample()
+        t0 = time.monotonic()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "read"
+        second = pc.sample()
+        outer = time.monotonic() - t0
+        time.sleep(0.3)
+        third = pc.sample()
+        counted = _read_bytes_of(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert first is not None and second is not None and third is not None
+
+    def worker(tree: TrainingProcesses) -> ProcessSample:
+        return next(p for p in tree.processes if p.pid == child.pid)
+
+    assert worker(first).read_bps is None  # first sight: no delta yet, never a made-up 0
+    rate = worker(second).read_bps
+    if rate is None:  # only where the process's I/O counters cannot be read
+        assert not os.access(f"/proc/{child.pid}/io", os.R_OK), second
+        pytest.skip("/proc/<pid>/io is not readable here: no reads per process to check")
+    assert rate >= 0.0
+    if counted < 0.8 * size:  # e.g. a filesystem without block-layer accounting (tmpfs)
+        pytest.skip(f"the kernel counted {counted} bytes of the cold 50 MB read: not checkable")
+    # rate x (collector interval <= outer) = bytes seen: so rate x outer bounds it above.
+    assert rate * outer >= 0.8 * size, (rate, outer)
+    idle = worker(third).read_bps
+    assert idle is not None and idle * 0.3 < 0.1 * size, idle  # done reading: about 0
+    me = next(p for p in second.processes if p.pid == os.getpid())
+    assert me.read_bps is not None and me.read_bps >= 0.0
+    system = System("h:1", SystemSample(time.time(), "h", 1.0, processes=second))
+    assert decode(encode(system)) == system  # it travels
+
+
+def test_process_collector_forgets_the_reads_of_vanished_pids() -> None:
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    pc = ProcessCollector(os.getpid(), worker_pids=lambda: {worker.pid})
+    try:
+        pc.sample()
+        assert worker.pid in pc._prev_read
+    finally:
+        worker.kill()
+        worker.wait()
+    pc.sample()
+    assert worker.pid not in pc._prev_read and os.getpid() in pc._prev_read
 
 
 def test_process_collector_finds_grandchildren() -> None:

@@ -340,6 +340,75 @@ def test_an_older_minor_record_without_the_trailing_fields_decodes() -> None:
     assert message.records == (StepRecord(3, 5.0, 1.0, 0.5, 8),)
 
 
+def test_a_process_read_rate_travels_and_older_samples_read_as_not_reported() -> None:
+    """ProcessSample.read_bps, added at its end with a default (a minor change): it
+    round-trips; a sample of an older probe, without it, reads as None (not reported,
+    never 0); a reader that predates it ignores it."""
+    procs = (
+        ProcessSample(42, "main", "python", 99.0, 1 << 30, 2.5e6),
+        ProcessSample(43, "worker", "python", 20.0, 1 << 28, 0.0),
+        ProcessSample(44, "worker", "python", 20.0, 1 << 28),
+    )
+    sample = SystemSample(1.0, "h", 1.0, processes=TrainingProcesses(procs, 0, 2))
+    sent = System("h:42", sample)
+    frames = encode(sent)
+    assert decode(frames) == sent
+    body = msgpack.unpackb(frames[1])["body"]
+    assert [p.get("read_bps") for p in body["sample"]["processes"]["processes"]] == [
+        2.5e6,
+        0.0,
+        None,
+    ]
+    old = {"pid": 42, "role": "main", "name": "python", "cpu_pct": 9.0, "rss_bytes": 1}
+    older = payload(
+        kind="system",
+        source_id="h:42",
+        sample={
+            "time": 1.0,
+            "host": "h",
+            "interval_s": 1.0,
+            "processes": {"processes": [old], "saturated_workers": 0, "worker_count": 0},
+        },
+    )
+    message = decode(older)
+    assert isinstance(message, System) and message.sample.processes is not None
+    assert message.sample.processes.processes == (ProcessSample(42, "main", "python", 9.0, 1),)
+    assert message.sample.processes.processes[0].read_bps is None
+
+    class OldProcessSample(msgspec.Struct, frozen=True):  # a reader from before the field
+        pid: int
+        role: str
+        name: str
+        cpu_pct: float | None
+        rss_bytes: int | None
+
+    first = msgspec.msgpack.decode(
+        msgpack.packb(body["sample"]["processes"]["processes"][0]), type=OldProcessSample
+    )
+    assert first == OldProcessSample(42, "main", "python", 99.0, 1 << 30)
+
+
+def test_an_infinite_read_rate_is_refused() -> None:
+    """The limits of any reading hold for it: no infinity reaches the viewer's sums."""
+    proc = {"pid": 1, "role": "main", "name": "p", "cpu_pct": None, "rss_bytes": None}
+    frames = payload(
+        kind="system",
+        source_id="h:1",
+        sample={
+            "time": 1.0,
+            "host": "h",
+            "interval_s": 1.0,
+            "processes": {
+                "processes": [proc | {"read_bps": math.inf}],
+                "saturated_workers": 0,
+                "worker_count": 0,
+            },
+        },
+    )
+    with pytest.raises(MalformedMessage):
+        decode(frames)
+
+
 def test_a_newer_minor_record_with_more_fields_decodes() -> None:
     row = [3, 5, 1, 0, 8, None, None, [], None, "future", 42]
     message = decode(steps_payload([row]))

@@ -95,7 +95,9 @@ class ProcessCollector:
     """Samples the main training process and all its descendants.
 
     ``cpu_pct`` is percent of one core (user + system time delta over wall time since
-    this collector last saw that pid); ``None`` the first time a pid is seen.
+    this collector last saw that pid); ``None`` the first time a pid is seen. ``read_bps``
+    likewise from the bytes the process read from storage (``read_bytes`` of
+    /proc/<pid>/io); ``None`` also where that is unreadable.
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class ProcessCollector:
         # Process objects are kept so psutil's identity (pid + create time) is stable.
         self._procs: dict[int, psutil.Process] = {}
         self._prev_cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu s, monotonic s)
+        self._prev_read: dict[int, tuple[int, float]] = {}  # pid -> (read bytes, monotonic s)
 
     def _loader_workers(self) -> Collection[int]:
         if self._worker_pids is None:
@@ -179,7 +182,12 @@ class ProcessCollector:
                 rss: int | None = proc.memory_info().rss
             except psutil.AccessDenied:
                 rss = None
-        return self._with_share(pid, role, name, times.user + times.system, rss, now)
+            read: int | None
+            try:
+                read = proc.io_counters().read_bytes  # Linux's /proc/<pid>/io read_bytes
+            except (psutil.AccessDenied, AttributeError, NotImplementedError):
+                read = None  # another user's, or no such counter here (macOS)
+        return self._with_share(pid, role, name, times.user + times.system, rss, now, read)
 
     def _one_from_stat(self, pid: int, role: str, now: float) -> ProcessSample:
         try:
@@ -199,9 +207,31 @@ class ProcessCollector:
                 raise psutil.NoSuchProcess(pid)
             self._started[pid] = started
             self._prev_cpu.pop(pid, None)
+            self._prev_read.pop(pid, None)
         if len(name) >= COMM_LEN:
             name = self._full_name(pid, name)
-        return self._with_share(pid, role, name[:MAX_STR], cpu_s, rss, now)
+        read = self._read_bytes(pid)
+        return self._with_share(pid, role, name[:MAX_STR], cpu_s, rss, now, read)
+
+    def _read_bytes(self, pid: int) -> int | None:
+        """``read_bytes`` of /proc/<pid>/io: bytes the process had fetched from storage
+        (page-cache hits are not counted). The kernel makes the file at once (it takes the
+        process's exec lock, not its memory lock): read with the GIL held. None where it
+        cannot be read: a process of another user or not dumpable (EACCES), gone, or a
+        kernel without task I/O accounting."""
+        try:
+            text = procfs.read_text(f"{self._proc_root}/{pid}/io", single=True)
+        except (OSError, ValueError):
+            return None
+        at = text.find("\nread_bytes: ")
+        if at < 0:
+            return None
+        start = at + len("\nread_bytes: ")
+        end = text.find("\n", start)
+        try:
+            return int(text[start:end] if end >= 0 else text[start:])
+        except ValueError:
+            return None
 
     def _full_name(self, pid: int, comm: str) -> str:
         """A comm the kernel cut at 15 characters, lengthened from argv[0] as psutil's
@@ -216,9 +246,16 @@ class ProcessCollector:
         return full if full.startswith(comm) else comm
 
     def _with_share(
-        self, pid: int, role: str, name: str, cpu_s: float, rss: int | None, now: float
+        self,
+        pid: int,
+        role: str,
+        name: str,
+        cpu_s: float,
+        rss: int | None,
+        now: float,
+        read: int | None = None,
     ) -> ProcessSample:
-        """The sample, with its CPU share since this pid's previous one."""
+        """The sample, with its CPU share and read rate since this pid's previous one."""
         cpu_pct: float | None = None
         prev = self._prev_cpu.get(pid)
         if prev is not None:
@@ -226,7 +263,19 @@ class ProcessCollector:
             if d_wall > 0 and d_cpu >= 0:  # negative: pid reused by another process
                 cpu_pct = 100.0 * d_cpu / d_wall
         self._prev_cpu[pid] = (cpu_s, now)
-        return ProcessSample(pid=pid, role=role, name=name, cpu_pct=cpu_pct, rss_bytes=rss)
+        read_bps: float | None = None
+        if read is None:
+            self._prev_read.pop(pid, None)  # no figure to take the next one from
+        else:
+            last = self._prev_read.get(pid)
+            if last is not None:
+                d_read, d_wall = read - last[0], now - last[1]
+                if d_wall > 0 and d_read >= 0:  # negative: pid reused by another process
+                    read_bps = d_read / d_wall
+            self._prev_read[pid] = (read, now)
+        return ProcessSample(
+            pid=pid, role=role, name=name, cpu_pct=cpu_pct, rss_bytes=rss, read_bps=read_bps
+        )
 
     def sample(self) -> TrainingProcesses | None:
         """None once the main pid has vanished (or was reused by another process)."""
@@ -258,9 +307,10 @@ class ProcessCollector:
                 continue  # e.g. AccessDenied on a child that changed user: skip it
         # Forget exited pids so memory stays bounded when workers are respawned each epoch.
         alive = {s.pid for s in samples}
-        for pid in {*self._procs, *self._prev_cpu, *self._started} - alive:
+        for pid in {*self._procs, *self._prev_cpu, *self._prev_read, *self._started} - alive:
             self._procs.pop(pid, None)
             self._prev_cpu.pop(pid, None)
+            self._prev_read.pop(pid, None)
             self._started.pop(pid, None)
         worker_samples = [s for s in samples if s.role == "worker"]
         saturated = sum(

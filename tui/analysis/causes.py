@@ -12,9 +12,13 @@ The rules are tried in order; the first one whose evidence holds wins:
 6. disk          the loading processes are mostly off-CPU while the node reads
 7. few-workers / cpu-workers / cpu-contention
                  num_workers == 0, the loader's processes are CPU-bound, its workers wait
-                 (mostly off-CPU, no reads) with cores idle, or the CPU is full
+                 (mostly off-CPU, no reads of theirs) with cores idle, or the CPU is full
 8. disk          weaker: I/O pressure or iowait while the loader is not CPU-bound
 9. unknown       with a sentence saying what was measured or what is missing
+
+The disk rules (4, 6, 8) rest on the node's reads. Where the loading processes' own reads
+are known (ProcessSample.read_bps) and small beside them, the reads are another
+process's: those rules stand aside and the others decide.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from gputop_dl.tui.analysis.thresholds import (
     IOWAIT_HIGH_CORES,
     IOWAIT_SOME_CORES,
     LOADER_BLOCKED_CPU_PCT,
+    LOADER_OWN_READS_LOW_BPS,
+    LOADER_OWN_READS_LOW_SHARE,
     MIN_SYSTEMS,
     NET_RX_HIGH_BPS,
     NO_IDLE_CORE,
@@ -62,8 +68,9 @@ NO_HOST_SAMPLES = (
 # Host samples are on their way (the run's probe samples the node, or the run is young):
 # the cause waits for them.
 PENDING = "cause pending"
-# The node's reads are the disk rules' evidence, but a sample does not say whose they are:
-# ProcessSample carries no reads per process, so another process's may stand in.
+# The node's reads are the disk rules' evidence. Where the samples carry no reads per
+# process (ProcessSample.read_bps None: an older probe, not Linux), another process's
+# reads may stand in for the loader's: said so.
 READS_WHOSE = (
     "whose reads these are is unknown: the node samples carry no reads per process, and "
     "another process may be reading (iotop -o or pidstat -d 1 shows whose)"
@@ -209,6 +216,47 @@ class Context:
             or (h.disk_read_bps is not None and h.disk_read_bps >= DISK_READ_ACTIVE_BPS)
         )
 
+    @property
+    def reads_elsewhere(self) -> bool:
+        """The loading processes' own reads are known and small beside the node's: what
+        the node reads is another process's, not what the loader waits on. Not for a
+        dataset on a network filesystem: its reads may not be counted per process (a FUSE
+        daemon reads for the loader), and the network rule judges it."""
+        return own_reads_small(self.host) and not is_network_fs(self.host.data_fs_type)
+
+    @property
+    def loader_io_active(self) -> bool:
+        """The node reads, and the reads may be the loader's (not known to be others')."""
+        return self.io_active and not self.reads_elsewhere
+
+
+def own_reads_small(h: HostStats) -> bool:
+    """The loading processes read from storage under LOADER_OWN_READS_LOW_BPS and under
+    LOADER_OWN_READS_LOW_SHARE of what the node reads (any share when that is unknown);
+    False when their reads are not reported."""
+    own = h.loader_read_bps
+    if own is None or own >= LOADER_OWN_READS_LOW_BPS:
+        return False
+    return h.disk_read_bps is None or own <= LOADER_OWN_READS_LOW_SHARE * h.disk_read_bps
+
+
+def reads_line(ctx: Context) -> str | None:
+    """Whose the node's reads are, from the loading processes' own reads; None when
+    those are not reported."""
+    h = ctx.host
+    own = h.loader_read_bps
+    if own is None:
+        return None
+    if ctx.reads_elsewhere:
+        if h.disk_read_bps is None:
+            return f"the training's loading processes read {fmt.bps(own)}: another process's reads"
+        return (
+            f"the node reads {fmt.bps(h.disk_read_bps)}, the training's loading processes "
+            f"{fmt.bps(own)}: another process's reads"
+        )
+    of = f" of the node's {fmt.bps(h.disk_read_bps)}" if h.disk_read_bps is not None else ""
+    return f"the training's loading processes (main and workers) read {fmt.bps(own)}{of}"
+
 
 def workers_of(loader: LoaderInfo | None, host: HostStats) -> int | None:
     """num_workers as the probe read it from the loader, else the worker processes seen."""
@@ -304,6 +352,9 @@ def host_evidence(ctx: Context) -> list[str]:
             figures.append(f"{fmt.pct_value(h.disk_busy_pct)} busy")
         which = " (data device unknown: busiest disk)" if h.data_disk_guessed else ""
         lines.append(f"disk {h.data_disk}{which}: {', '.join(figures)}")
+    whose = reads_line(ctx)
+    if whose is not None and (ctx.io_active or h.disk_read_bps):
+        lines.append(whose)
     if h.iowait_cores is not None and h.iowait_cores >= 0.1:
         lines.append(f"iowait {fmt.cores(h.iowait_cores)}")
     if h.io_some_pct is not None and h.io_some_pct >= 1.0:
@@ -595,6 +646,8 @@ def _disk_busy(ctx: Context) -> Cause | None:
                 "checkpoints and logs to another disk",
             ),
         )
+    if ctx.reads_elsewhere:
+        return None  # busy with another process's reads: not what the loader waits on
     return Cause(
         "disk",
         confidence,
@@ -630,8 +683,8 @@ def _blocked_loader(ctx: Context) -> Cause | None:
     cpu = ctx.loader_cpu_pct
     if not ctx.enough_host or cpu is None:
         return None
-    if not ctx.io_active or is_network_fs(ctx.host.data_fs_type):
-        return None
+    if not ctx.loader_io_active or is_network_fs(ctx.host.data_fs_type):
+        return None  # no reads, or another process's: the loader waits on something else
     bound = "at most"
     if cpu >= LOADER_BLOCKED_CPU_PCT:
         least = ctx.main_wait_cpu_least if ctx.workers == 0 else None
@@ -654,9 +707,23 @@ def _blocked_loader(ctx: Context) -> Cause | None:
         "disk",
         0.65,
         f"{who} {'waits' if ctx.workers == 0 else 'wait'} on reads",
-        _merge([line], [*host_evidence(ctx), READS_WHOSE]),
+        _merge([line], [*host_evidence(ctx), *_whose(ctx)]),
         _disk_advice(ctx),
     )
+
+
+def _whose(ctx: Context) -> list[str]:
+    """READS_WHOSE where the samples do not say whose the reads are (host_evidence says
+    it where they do)."""
+    return [READS_WHOSE] if ctx.host.loader_read_bps is None else []
+
+
+def _reads_little(ctx: Context) -> str:
+    """How the node's reads bear on a loader that waits: none to speak of, or another
+    process's."""
+    if ctx.io_active and ctx.reads_elsewhere:
+        return "and what the node reads is another process's"
+    return "and the node reads little"
 
 
 def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float | None, int]:
@@ -746,7 +813,7 @@ def _cpu(ctx: Context) -> Cause | None:
             # (Its CPU figure is host_evidence's "main process" line.)
             lines.append(
                 f"the main process is mostly off-CPU (under {LOADER_BLOCKED_CPU_PCT:.0f} % of "
-                "a core) while the loop waits for its batches, and the node reads little: the "
+                f"a core) while the loop waits for its batches, {_reads_little(ctx)}: the "
                 "loading waits (a remote store, a lock, a sleep) rather than computes; workers "
                 "overlap the waits"
             )
@@ -791,13 +858,13 @@ def _cpu(ctx: Context) -> Cause | None:
 
 def _waiting_workers(ctx: Context, workers: int) -> Cause | None:
     """The workers are mostly off-CPU while the loop waits for them, the node reads little
-    (else _blocked_loader said disk) and cores are idle: the loading waits (a remote store,
-    a lock, a sleep) rather than computes, and more workers overlap more waits. (Only the
-    CPU-saturated workers were told to grow: one worker at 3 % of a core, the loop waiting
-    60 % of each step, read "cause unknown".)"""
+    or another process's reads (else _blocked_loader said disk) and cores are idle: the
+    loading waits (a remote store, a lock, a sleep) rather than computes, and more workers
+    overlap more waits. (Only the CPU-saturated workers were told to grow: one worker at
+    3 % of a core, the loop waiting 60 % of each step, read "cause unknown".)"""
     h = ctx.host
     cpu = h.worker_cpu_pct
-    if not ctx.enough_host or not h.worker_count or cpu is None or ctx.io_active:
+    if not ctx.enough_host or not h.worker_count or cpu is None or ctx.loader_io_active:
         return None
     if cpu >= LOADER_BLOCKED_CPU_PCT or h.free_cores is None:
         return None
@@ -808,7 +875,7 @@ def _waiting_workers(ctx: Context, workers: int) -> Cause | None:
     each = "" if count == 1 else " each on average"
     line = (
         f"{count} loader {noun} at {fmt.pct_value(cpu)} of a core{each} while the loop "
-        "waits for its batches, and the node reads little: the loading waits (a remote "
+        f"waits for its batches, {_reads_little(ctx)}: the loading waits (a remote "
         "store, a lock, a sleep) rather than computes; more workers overlap the waits"
     )
     advice, _, most = _workers_advice(ctx, workers)
@@ -948,8 +1015,8 @@ def _single_threaded(ctx: Context) -> Cause | None:
 
 def _io_wait(ctx: Context) -> Cause | None:
     h = ctx.host
-    if not ctx.enough_host or ctx.loader_cpu_bound:
-        return None
+    if not ctx.enough_host or ctx.loader_cpu_bound or ctx.reads_elsewhere:
+        return None  # (the node's I/O is another process's: not what the loader waits on)
     pressure = h.io_some_pct is not None and h.io_some_pct >= IO_PRESSURE_HIGH_PCT
     iowait = h.iowait_cores is not None and h.iowait_cores >= IOWAIT_HIGH_CORES
     if not (pressure or iowait):
@@ -958,7 +1025,7 @@ def _io_wait(ctx: Context) -> Cause | None:
         "disk",
         0.6,
         "the loader waits on I/O (iowait / I/O pressure high, loader not CPU-bound)",
-        _merge(host_evidence(ctx), [READS_WHOSE]),
+        _merge(host_evidence(ctx), _whose(ctx)),
         _disk_advice(ctx),
     )
 

@@ -45,6 +45,10 @@ class HostStats:
     disk_read_bps: float | None
     disk_write_bps: float | None
     disk_busy_pct: float | None
+    # What the run's loading processes (its main process and DataLoader workers) read from
+    # storage, bytes/s; None: no sample reported reads per process (an older probe, not
+    # Linux, another user's). Beside disk_read_bps it tells whose the node's reads are.
+    loader_read_bps: float | None
     swap_in_bps: float | None
     io_some_pct: float | None
     memory_some_pct: float | None
@@ -145,6 +149,19 @@ def _worker_cores(s: SystemSample, scope: Scope) -> float | None:
     return sum(known) / 100.0
 
 
+def _loader_reads(s: SystemSample, scope: Scope) -> float | None:
+    """Bytes/s the loading processes read from storage: the main process and the workers
+    (the loader's pids, and what the sampler marks "worker": a worker's own children, a
+    decoder it runs); None when none of them reported reads."""
+    seen = {p.pid for p in _mains(s, scope)} | {p.pid for p in _workers(s, scope)}
+    known = [
+        p.read_bps
+        for p in _own(s)
+        if (p.pid in seen or p.role == "worker") and p.read_bps is not None
+    ]
+    return sum(known) if known else None
+
+
 def _training_cores(s: SystemSample) -> float | None:
     known = [p.cpu_pct for p in _own(s) if p.cpu_pct is not None]
     return sum(known) / 100.0 if known else None
@@ -240,6 +257,7 @@ class SampleFigures:
     main_cpu_pct: float | None
     worker_cpu_pct: float | None
     worker_cpu_cores: float | None
+    loader_read_bps: float | None
     net_rx_bps: float | None
 
 
@@ -259,6 +277,7 @@ def sample_figures(s: SystemSample, scope: Scope) -> SampleFigures:
         main_cpu_pct=_main_cpu(s, scope),
         worker_cpu_pct=_worker_cpu(s, scope),
         worker_cpu_cores=_worker_cores(s, scope),
+        loader_read_bps=_loader_reads(s, scope),
         net_rx_bps=_net_rx(s),
     )
 
@@ -379,6 +398,7 @@ def host_stats(
         disk_read_bps=_per_sample(sampled, lambda s: _read_bps(s, disk)),
         disk_write_bps=_per_sample(sampled, lambda s: _write_bps(s, disk)),
         disk_busy_pct=_per_sample(sampled, lambda s: _busy_pct(s, disk)),
+        loader_read_bps=_median([f.loader_read_bps for f in every]),
         swap_in_bps=_median(swaps),
         io_some_pct=_per_sample(sampled, lambda s: s.pressure.io_some if s.pressure else None),
         memory_some_pct=_per_sample(
