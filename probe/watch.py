@@ -352,6 +352,16 @@ class Watched(Generic[T]):
                 samples = None
         return (_rewatch, (self._gputop_iterable, samples, self._gputop_data_path))
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Watched[T]:
+        """A watched deep copy of the loader, ``samples=`` kept as copy keeps a function
+        (the reduction drops one pickle cannot take)."""
+        return watched(
+            self._gputop_probe,
+            copy.deepcopy(self._gputop_iterable, memo),
+            samples=copy.deepcopy(self._gputop_samples, memo),
+            data_path=self._gputop_data_path,
+        )
+
     def __copy__(self) -> Watched[T]:
         """A watched shallow copy of the loader, as ``copy.copy(loader)`` is (the
         reduction's would share the loader: a setting made on the copy reached it)."""

@@ -965,12 +965,12 @@ DISK_READS_OF_ANOTHER: dict[str, tuple[Callable[[], Window], str, str]] = {
         lambda: window(
             make_steps(wait=INPUT),
             h=hello(4),
-            procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=100e3),
+            procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=5e3),
             disk_read=400e6,
             disk_busy=90.0,
         ),
         "few-workers",
-        "the node reads 400 MB/s, the training's loading processes 400 kB/s: " + OTHERS,
+        "the node reads 400 MB/s, the training's loading processes 20 kB/s: " + OTHERS,
     ),
     "I/O pressure 35 % and iowait, the node 2.6 MB/s, the loader 0": (
         lambda: window(
@@ -1045,6 +1045,37 @@ DISK_READS_OF_THE_LOADER: dict[str, Callable[[], Window]] = {
         disk_busy=90.0,
     ),
 }
+
+
+# What a review found called "another process's": a loader blocked on a saturated
+# seek-bound disk reads little (75-100 IOPS of 4 KB), and workers started again this epoch
+# have no read figure yet (a pid's first sample).
+NOT_ANOTHERS: dict[str, Callable[[], Window]] = {
+    "4 workers blocked on small random reads, 100 kB/s each, the disk saturated": lambda: window(
+        make_steps(wait=INPUT),
+        h=hello(4),
+        procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=100e3),
+        disk_read=150e6,
+        disk_busy=100.0,
+        io_some=60.0,
+    ),
+    "workers new this epoch: no read figure yet, the main process 0": lambda: window(
+        make_steps(wait=INPUT),
+        h=hello(4),
+        procs=processes(20.0, [20.0] * 4, main_reads=0.0, worker_reads=None),
+        disk_read=400e6,
+        disk_busy=90.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("build", NOT_ANOTHERS.values(), ids=NOT_ANOTHERS.keys())
+def test_a_loader_reading_little_or_not_yet_known_is_not_said_to_read_nothing(
+    build: Callable[[], Window],
+) -> None:
+    v = analyze(build())
+    assert v.cause == "disk", v
+    assert not any(OTHERS in e for e in v.evidence), v.evidence
 
 
 @pytest.mark.parametrize(

@@ -374,6 +374,9 @@ def test_copy_and_pickle_of_a_watched_loader_are_the_loaders(p: probe.Probe) -> 
     assert list(duplicate) == list(EpochLoader.__iter__(duplicate.wrapped))
     back = pickle.loads(pickle.dumps(original))
     assert list(back) == list(original) and back.wrapped.epoch == 0
+    deep = copy.deepcopy(original)  # keeps the lambda, as copy keeps a function
+    assert deep._gputop_samples is original._gputop_samples
+    assert deep.wrapped is not original.wrapped and list(deep) == list(original)
 
 
 def test_a_loaders_exception_keeps_its_own_context(p: probe.Probe) -> None:

@@ -152,14 +152,13 @@ def _worker_cores(s: SystemSample, scope: Scope) -> float | None:
 def _loader_reads(s: SystemSample, scope: Scope) -> float | None:
     """Bytes/s the loading processes read from storage: the main process and the workers
     (the loader's pids, and what the sampler marks "worker": a worker's own children, a
-    decoder it runs); None when none of them reported reads."""
+    decoder it runs); None when any of them has no figure (a pid's first sample: workers
+    started again each epoch), where a sum of the others would read as "reads nothing"."""
     seen = {p.pid for p in _mains(s, scope)} | {p.pid for p in _workers(s, scope)}
-    known = [
-        p.read_bps
-        for p in _own(s)
-        if (p.pid in seen or p.role == "worker") and p.read_bps is not None
-    ]
-    return sum(known) if known else None
+    rates = [p.read_bps for p in _own(s) if p.pid in seen or p.role == "worker"]
+    if not rates or any(rate is None for rate in rates):
+        return None
+    return sum(rate for rate in rates if rate is not None)
 
 
 def _training_cores(s: SystemSample) -> float | None:

@@ -103,14 +103,16 @@ IOWAIT_SOME_CORES = 0.25
 IO_PRESSURE_SOME_PCT = 10.0
 DISK_READ_ACTIVE_BPS = 20e6
 # The node reads, but the loading processes themselves (main + workers, /proc/<pid>/io
-# read_bytes: what reached the disk) read under 1 MB/s and under a tenth of what the node
-# reads: the reads are another process's (a job sharing the node), not what the loader
-# waits on. Both bounds: a loader that waits on the disk keeps reads in flight the whole
-# wait, which even a seek-bound disk serves at more than 1 MB/s (4 KB x ~250 IOPS); and
-# the share keeps a rank among many on its node (each a few % of the node's reads) from
-# reading as "another process" only when its own rate is tiny as well. Cached reads
-# count 0: a loader served from the page cache does not wait on the disk either.
-LOADER_OWN_READS_LOW_BPS = 1e6
+# read_bytes: what reached the disk) read next to nothing and under a tenth of what the
+# node reads: the reads are another process's (a job sharing the node), not what the
+# loader waits on. "Next to nothing": a loader that waits on the disk keeps reads in
+# flight the whole wait, and even a saturated seek-bound disk serves them at 75-100 IOPS
+# of 4 KB (300-400 kB/s: a review found 1 MB/s, the bound first chosen, called such a
+# loader's disk "another process's"); 32 kB/s is a few stray reads. The share keeps a
+# rank among many on its node (each a few % of the node's reads) from reading as
+# "another process" only when its own rate is tiny as well. Cached reads count 0: a
+# loader served from the page cache does not wait on the disk either.
+LOADER_OWN_READS_LOW_BPS = 32e3
 LOADER_OWN_READS_LOW_SHARE = 0.1
 DISK_BUSY_ENTER = 70.0  # data device busy %: near saturation for a single queue
 # With num_workers=0 and a main process whose CPU in the wait is unknown (its CPU over
