@@ -352,22 +352,20 @@ class Watched(Generic[T]):
                 samples = None
         return (_rewatch, (self._gputop_iterable, samples, self._gputop_data_path))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Watched[T]:
-        """A watched deep copy of the loader, ``samples=`` kept as copy keeps a function
-        (the reduction drops one pickle cannot take)."""
-        return watched(
-            self._gputop_probe,
-            copy.deepcopy(self._gputop_iterable, memo),
-            samples=copy.deepcopy(self._gputop_samples, memo),
-            data_path=self._gputop_data_path,
-        )
-
     def __copy__(self) -> Watched[T]:
         """A watched shallow copy of the loader, as ``copy.copy(loader)`` is (the
         reduction's would share the loader: a setting made on the copy reached it)."""
+        return self._rewatched(copy.copy(self._gputop_iterable))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Watched[T]:
+        """A watched deep copy of the loader; ``samples=`` kept, as deepcopy keeps a
+        function (the reduction drops one pickle cannot take)."""
+        return self._rewatched(copy.deepcopy(self._gputop_iterable, memo))
+
+    def _rewatched(self, iterable: Iterable[T]) -> Watched[T]:
         return watched(
             self._gputop_probe,
-            copy.copy(self._gputop_iterable),
+            iterable,
             samples=self._gputop_samples,
             data_path=self._gputop_data_path,
         )

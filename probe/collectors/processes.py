@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection
 import psutil
 
 from gputop_dl.probe.collectors import procfs
+from gputop_dl.probe.collectors.cgroup import parse_keyed_ints
 from gputop_dl.probe.collectors.top import parse_stat
 from gputop_dl.probe.samples import MAX_STR, ProcessSample, TrainingProcesses
 
@@ -223,15 +224,7 @@ class ProcessCollector:
             text = procfs.read_text(f"{self._proc_root}/{pid}/io", single=True)
         except (OSError, ValueError):
             return None
-        at = text.find("\nread_bytes: ")
-        if at < 0:
-            return None
-        start = at + len("\nread_bytes: ")
-        end = text.find("\n", start)
-        try:
-            return int(text[start:end] if end >= 0 else text[start:])
-        except ValueError:
-            return None
+        return parse_keyed_ints(text).get("read_bytes:")  # its lines: "read_bytes: 4096"
 
     def _full_name(self, pid: int, comm: str) -> str:
         """A comm the kernel cut at 15 characters, lengthened from argv[0] as psutil's
