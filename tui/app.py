@@ -36,7 +36,8 @@ from gputop_dl.tui.widgets.banner import Banner
 from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.cpu import CpuPanel
 from gputop_dl.tui.widgets.disk import DiskPanel
-from gputop_dl.tui.widgets.header import HeaderBar
+from gputop_dl.tui.widgets.fold import Scroll, more_text
+from gputop_dl.tui.widgets.header import HeaderBar, new_runs_text
 from gputop_dl.tui.widgets.memory import MemoryPanel
 from gputop_dl.tui.widgets.network import NetworkPanel
 from gputop_dl.tui.widgets.processes import ProcessTable
@@ -50,6 +51,12 @@ MIN_GRAPH_NARROW = 4  # the graph's rows on a short screen: its rule, two rows, 
 MIN_GRAPH_WIDE = 6  # (two rules with a border)
 MIN_PANEL_ROWS = 3
 FOOTER_ROWS = 1
+HINT_ROWS = 1  # the row under the panels that names what is out of sight (#more)
+# A terminal too small for the verdict, the graph's smallest form and MIN_PANEL_ROWS
+# (a 40x10 tmux pane) is *cramped*: the graph goes, the panels keep what the verdict
+# leaves (from this many rows, else they go too), and #more says what went.
+CRAMPED_PANEL_ROWS = 2
+NOTICE_S = 8.0  # how long the notice of a new run stays (a glance away and back)
 # What may wait for the UI thread, in step records (any other event counts 1): a
 # probe's replay to a late viewer whole (REPLAY_STEPS and its node samples), and
 # what a refresh period of 1 s brings from 64 runs of 600 steps/s. Applying a full inbox
@@ -87,6 +94,11 @@ def _tune_gc() -> None:
     often, for a few more objects held between collections."""
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
+
+
+def _short_title(panel: Panel) -> str:
+    """A panel's title without its details ("Memory · 23.5 GiB" -> "Memory")."""
+    return str(panel.border_title or "").split(" ·")[0]
 
 
 def screenshot_dir() -> Path:
@@ -168,6 +180,8 @@ class GputopApp(App[None]):
         self.more = Static(id="more")  # says what is below the fold, and how to get there
         self.top_toggled = False  # `t` flips the default (shown on a tall or wide screen)
         self._panels_room: int | None = None  # rows the panels may take (short screens)
+        self._cramped = False  # the graph (and maybe the panels) have no room: hidden
+        self._hint_rows = HINT_ROWS
         self._more_text = ""
 
     def get_driver_class(self) -> type[Driver]:
@@ -293,8 +307,16 @@ class GputopApp(App[None]):
         self._apply_inbox()
         self.state.tick(self.clock())
         self._wake_for_any = not self.state.has_probe or self.refresh_hz <= 0
-        if not self.paused:
+        if not self.paused:  # paused: the screen (and what it shows) stays as it was
+            self._follow_new_runs()
             self._show()
+
+    def _follow_new_runs(self) -> None:
+        """A run that started after the shown one ended takes its place (unless the user
+        picked the shown one), and a notice says so, with the key back."""
+        news = self.state.follow_new_runs()
+        if news is not None:
+            self.notify(new_runs_text(news), title="New run", timeout=NOTICE_S)
 
     def _show(self) -> None:
         state = self.state
@@ -353,26 +375,62 @@ class GputopApp(App[None]):
         """On a short screen the panels get what the verdict and the graph's smallest
         form leave, and scroll beyond that (a container of automatic height would
         instead push the bottom panels off the screen, out of the scroll's reach). A
-        row under them says what is below the fold whenever they scroll."""
+        row under them says what is below the fold whenever they scroll.
+
+        On a cramped one (see CRAMPED_PANEL_ROWS) the verdict comes first: the banner
+        keeps every row but the hint's, the graph goes, the panels keep what is left
+        (or go), and the hint says what is hidden and that a larger terminal shows it."""
         if self._screens_gone():
             return
-        room: int | None = None
-        if self.screen.has_class("-short"):
-            above = (self.header, self.status, self.banner)
-            used = sum(w.outer_size.height for w in above if w.display) + FOOTER_ROWS
-            graph = MIN_GRAPH_WIDE if self.screen.has_class("-wide") else MIN_GRAPH_NARROW
-            room = max(MIN_PANEL_ROWS, self.size.height - used - graph)
-            scrolls = self.panels.virtual_size.height > room
-            if scrolls:
-                room -= 1  # the hint's row
-        else:
-            scrolls = self.panels.max_scroll_y > 0  # the panels take the rest (1fr)
+        fixed = self._fixed_rows()
+        if self.banner.set_max_rows(max(1, self.size.height - fixed - HINT_ROWS)):
+            self.call_after_refresh(self._fit_panels)  # once the banner has its new height
+            return
+        room, scrolls, cramped = self._panels_fit(fixed)
+        panels_fit = room is not None and room >= CRAMPED_PANEL_ROWS
+        self._set_cramped(cramped, panels_fit)
+        # Without the panels, the hint takes the rows they leave, its words at the bottom
+        # (over the footer, where it always is) rather than a blank row under it.
+        hint_rows = HINT_ROWS + (room or 0) if cramped and not panels_fit else HINT_ROWS
+        self._set_hint_rows(hint_rows)
         if room != self._panels_room:
             self._panels_room = room
             self.panels.styles.max_height = room
         if scrolls != self.more.display:
             self.more.display = scrolls
         self._update_more()
+
+    def _panels_fit(self, fixed: int) -> tuple[int | None, bool, bool]:
+        """The rows the panels may take (None: the rest of a tall screen), whether the
+        hint's row shows, and whether the screen is cramped (no room for the graph)."""
+        if not self.screen.has_class("-short"):
+            return None, self.panels.max_scroll_y > 0, False  # the panels take the rest (1fr)
+        used = fixed + (self.banner.outer_size.height if self.banner.display else 0)
+        graph = MIN_GRAPH_WIDE if self.screen.has_class("-wide") else MIN_GRAPH_NARROW
+        room = self.size.height - used - graph
+        if room < MIN_PANEL_ROWS:  # cramped: the graph goes, the hint says so
+            return self.size.height - used - HINT_ROWS, True, True
+        scrolls = self.panels.virtual_size.height > room
+        return room - HINT_ROWS if scrolls else room, scrolls, False
+
+    def _fixed_rows(self) -> int:
+        """Rows that always show: the header, the problems line, the time line of a
+        recording or a replay, the footer."""
+        above = (self.header, self.status, self.record_bar)
+        return sum(w.outer_size.height for w in above if w.display) + FOOTER_ROWS
+
+    def _set_cramped(self, cramped: bool, panels_fit: bool) -> None:
+        """Hide the graph on a cramped screen, and the panels when too few rows are left."""
+        self._cramped = cramped
+        self.graph.set_display(not cramped)
+        panels = not cramped or panels_fit
+        if panels != self.panels.display:
+            self.panels.display = panels
+
+    def _set_hint_rows(self, rows: int) -> None:
+        if rows != self._hint_rows:
+            self._hint_rows = rows
+            self.more.styles.height = max(1, rows)
 
     def _update_more_later(self) -> None:
         self.call_after_refresh(self._update_more)
@@ -381,20 +439,25 @@ class GputopApp(App[None]):
         self.call_after_refresh(self._fit_panels)
 
     def _update_more(self) -> None:
-        """Name the panels whose titles are below the fold."""
+        """Name the panels whose titles are below the fold, and those hidden."""
         if self._screens_gone() or not self.more.display:
             return
         panels = self.panels
-        bottom = panels.scroll_y + panels.scrollable_content_region.height
-        below = [
-            str(panel.border_title or "").split(" ·")[0]
-            for panel in panels.query(Panel)
-            if panel.display and panel.virtual_region.y >= bottom
-        ]
-        if below or panels.scroll_y < panels.max_scroll_y:
-            text = f"↓ {', '.join(below) or 'more'} below: PgDn or ↓ to scroll"
+        titles = [(panel, _short_title(panel)) for panel in panels.query(Panel) if panel.display]
+        hidden = ["graph"] if self._cramped else []  # its title names its unit, not it
+        below: list[str] = []
+        scroll: Scroll = ""
+        if not panels.display:
+            hidden += [title for _panel, title in titles]
         else:
-            text = "↑ more above: PgUp or ↑ to scroll"
+            bottom = panels.scroll_y + panels.scrollable_content_region.height
+            below = [title for panel, title in titles if panel.virtual_region.y >= bottom]
+            if below or panels.scroll_y < panels.max_scroll_y:
+                scroll = "down"
+            elif panels.max_scroll_y > 0 or not hidden:
+                scroll = "up"  # at the end (the hint shows only when they scroll)
+        width = max(1, self.more.content_size.width or self.size.width - 2)
+        text = more_text(below, hidden, scroll=scroll, width=width)
         if text != self._more_text:  # an update repaints, even with the same text
             self._more_text = text
             self.more.update(text)

@@ -28,7 +28,7 @@ def time_line(
     """``▶ x4  12:05 / 1:00:00  ━━━━━●──────  03:12:05`` fitted to ``width`` cells."""
     length = max(0.0, end - start)
     offset = min(length, max(0.0, position - start))
-    state = "⏸" if paused else "▶"
+    state = "⏸" if paused else "■" if length > 0 and offset >= length else "▶"  # ■: at its end
     when = datetime.fromtimestamp(position).strftime("%Y-%m-%d %H:%M:%S")
     left = f"{state} \u00d7{speed}  {clock_text(offset)} / {clock_text(length)}  "
     right = f"  {when}  space ⏯  +/- speed  ←/→ 10 s"

@@ -18,6 +18,7 @@ from gputop_dl.tui.app import GputopApp, SourceEvents
 from gputop_dl.tui.events import SourceEvent
 from gputop_dl.tui.record.reader import Timeline
 from gputop_dl.tui.record.replay import ReplayClock, Replayer, ReplaySource
+from gputop_dl.tui.widgets.header import ReplayMark
 
 SEEK_S = 10.0
 
@@ -84,13 +85,22 @@ class ReplayApp(GputopApp):
 
     def _show_time(self) -> None:
         clock = self.replay_source.clock
-        self.record_bar.show_replay(clock.now(), clock.start, clock.end, clock.speed, clock.paused)
+        now = clock.now()
+        self.record_bar.show_replay(now, clock.start, clock.end, clock.speed, clock.paused)
+        # The header says "replay" where a live viewer says "live" (the recorded runs
+        # were live then, they are not now).
+        self.header.set_replay(ReplayMark(clock.speed, clock.paused, now >= clock.end))
 
     # -------------------------------------------------------------------- actions
     def action_replay_pause(self) -> None:
         clock = self.replay_source.clock
         clock.set_paused(not clock.paused)
         self._show_time()
+
+    def action_toggle_pause(self) -> None:
+        """``p`` pauses the replay as space does: freezing the screen while the recording
+        went on under it would skip what it froze over."""
+        self.action_replay_pause()
 
     def action_replay_speed(self, step: int) -> None:
         self.replay_source.clock.faster(step)

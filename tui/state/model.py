@@ -101,6 +101,15 @@ class RunSummary:
     stack: Stack | None = None  # the newest stack the probe took in a stall (probe/stack.py)
 
 
+@dataclass(frozen=True)
+class NewRuns:
+    """Runs that started after the run shown ended (ViewerState.follow_new_runs)."""
+
+    ended: tuple[int, str]  # the run that ended: (switcher number, label)
+    runs: tuple[tuple[int, str], ...]  # the new runs, best first: (switcher number, label)
+    switched: bool  # the viewer shows the first now (the user had not picked a run)
+
+
 OUR_PROTOCOL = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
 
 

@@ -1,4 +1,5 @@
-"""Which runs the switcher lists, in which slot, under which label: pure functions."""
+"""Which runs the switcher lists, in which slot, under which label, and which run to show
+when the one shown ended: pure functions."""
 
 from __future__ import annotations
 
@@ -57,3 +58,31 @@ def labels(runs: Sequence[Who]) -> dict[str, str]:
                 label += f" · {run.pid}"
         out[run.key] = label
     return out
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What following a new run reads of a run: when the viewer first and last heard
+    from it (viewer time), and whether it ended (exited, lost, refused)."""
+
+    key: str
+    rank: int | None
+    ended: bool
+    first: float
+    last: float
+
+
+def successors(shown: Heard, runs: Sequence[Heard]) -> list[str]:
+    """The runs that took over from ``shown``, best first: none while it runs; once it
+    ended, those still running that were first heard after it last spoke (the training
+    restarted under another name, or on another node). ``runs`` in switcher order; a
+    job's rank 0 (or a run without rank) first, then that order.
+
+    A run that was already there while ``shown`` ran is not one: the user saw both, and
+    the one that ended stays on screen to say why it ended."""
+    if not shown.ended:
+        return []
+    after = [run for run in runs if run.key != shown.key and not run.ended]
+    after = [run for run in after if run.first >= shown.last]
+    after.sort(key=lambda run: run.rank not in (None, 0))  # stable: switcher order next
+    return [run.key for run in after]

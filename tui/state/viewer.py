@@ -61,11 +61,12 @@ from gputop_dl.tui.state.model import (
     STALE,
     Connection,
     ErrorEntry,
+    NewRuns,
     RunSummary,
     ThroughputPoint,
     incompatible_text,
 )
-from gputop_dl.tui.state.roster import Who, labels, next_slots
+from gputop_dl.tui.state.roster import Heard, Who, labels, next_slots, successors
 from gputop_dl.tui.state.run import ANALYSIS_WINDOW_S, MIN_WINDOW_STEPS, OWN_SAMPLES_S, Run
 
 if TYPE_CHECKING:
@@ -136,6 +137,9 @@ class ViewerState:
         self._errors: deque[ErrorEntry] = deque(maxlen=MAX_ERRORS)
         self._error_count = 0
         self._selected_key: str | None = None
+        # The user chose the run shown (select): a new run does not take its place.
+        self._picked = False
+        self._announced: set[str] = set()  # new runs follow_new_runs has told of
         self._summaries: tuple[RunSummary, ...] = ()
         self._recent: deque[RunSummary] = deque(maxlen=RECENT_RUNS)
         self._now: float | None = None
@@ -199,6 +203,9 @@ class ViewerState:
     def _forget(self, key: str) -> None:
         source = self._sources.pop(key)
         self._roster += 1
+        self._announced.discard(key)
+        if key == self._selected_key:  # gone (not replaced): the first run shows, and
+            self._selected_key, self._picked = None, False  # new runs are followed again
         if source.is_run and source.slot is not None:
             summary = self._summary_of(key)
             if summary is not None:
@@ -732,11 +739,53 @@ class ViewerState:
         return None if index is None else self._summaries[index]
 
     def select(self, index: int) -> bool:
-        """Select the run at ``index`` (0-based); False if there is none."""
+        """Select the run at ``index`` (0-based), as the user's choice: it stays shown
+        when it ends and new runs start (see follow_new_runs). False if there is none."""
         if 0 <= index < len(self._summaries):
             self._selected_key = self._summaries[index].key
+            self._picked = True
             return True
         return False
+
+    def follow_new_runs(self) -> NewRuns | None:
+        """Once the run shown has ended and new runs started after it (a training
+        restarted under another name), show the best of them, as ``top`` shows what
+        runs now, unless the user picked the run shown by hand: then keep it. Either
+        way, the news (once per new run; None when there is none). Call after tick.
+
+        The run shown is held by its key from then on: a new run given a lower slot
+        (one freed by a run that left) does not take the screen from it."""
+        shown = self.selected
+        if shown is None or shown.is_placeholder:
+            return None
+        self._selected_key = shown.key
+        heard = [h for run in self._summaries if (h := self._heard(run)) is not None]
+        mine = next((h for h in heard if h.key == shown.key), None)
+        new = successors(mine, heard) if mine is not None else []
+        news = [key for key in new if key not in self._announced]
+        if not news:
+            return None
+        self._announced.update(new)
+        switch = not self._picked
+        if switch:
+            self._selected_key = new[0]
+        numbers = {run.key: (index + 1, run.label) for index, run in enumerate(self._summaries)}
+        shown_now = new if switch else news
+        return NewRuns(numbers[shown.key], tuple(numbers[key] for key in shown_now), switch)
+
+    def _heard(self, run: RunSummary) -> Heard | None:
+        """When the viewer heard from the run (a refused peer: its refusal)."""
+        source = None if run.is_placeholder else self._sources.get(run.key)
+        if source is None:
+            return None
+        first, last = source.first_received, source.last_received
+        if source.incompatible is not None:
+            refused = source.incompatible.received
+            first = refused if first is None else first
+            last = refused if last is None else last
+        if first is None or last is None:
+            return None
+        return Heard(run.key, run.rank, run.connection.state in ENDED, first, last)
 
     def select_next(self, step: int = 1) -> None:
         index = self.selected_index

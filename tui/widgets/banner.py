@@ -2,6 +2,11 @@
 
 Its severity sets a class (``-ok``, ``-info``, ``-warning``, ``-critical``, ``-muted``)
 that ``app.tcss`` colours. Without a probe it says how to instrument a script.
+
+On a terminal too small for all of it (a 40x10 tmux pane) the app caps its rows
+(:meth:`Banner.set_max_rows`): the lines are grouped by what they say, and the groups
+kept by priority (the headline first, then the job, the first advice, the headroom),
+so the verdict stays on screen and a cut shows as "…".
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ MAX_WRAP = 4  # lines one bullet may take before it is cut (a sentence, not a pa
 # it: the innermost frame, and the user's own innermost frame when the stack names it
 # (else the next frame).
 MAX_DETAIL = 2
+# Which lines stay when the rows are capped: lower first (see fit_rows).
+HEADLINE, JOB, FIRST_ADVICE, HEADROOM, MORE_ADVICE, EVIDENCE, NOTE = range(7)
+
+Group = tuple[int, list[Text]]  # (priority, lines): lines that go or stay together
 
 
 class Banner(Panel):
@@ -54,6 +63,7 @@ class Banner(Panel):
         self.severity = "info"
         self._set_severity("info")
         self.job_text: str | None = None  # the selected run's job verdict (a job of > 1 rank)
+        self.max_rows: int | None = None  # set by the app on a small terminal
 
     def show(
         self,
@@ -96,44 +106,53 @@ class Banner(Panel):
         height = self.screen.size.height if self.is_attached else 0
         return next(lines for rows, lines in NARROW_BUDGET if height < rows)
 
-    def layout_key(self) -> int:
-        return self.budget
+    def layout_key(self) -> tuple[int, int | None]:
+        return self.budget, self.max_rows
+
+    def set_max_rows(self, rows: int | None) -> bool:
+        """Cap the banner at ``rows`` lines (None: no cap); True when the cap changed
+        (then the banner is built again, and its height may change)."""
+        if rows == self.max_rows:
+            return False
+        self.max_rows = rows
+        self.changed()
+        return True
 
     # ---------------------------------------------------------------- rendering
 
     def build(self, width: int) -> list[Text]:
-        lines = self._build(width)
+        groups = self._build(width)
         if self.job_text:  # under the run's headline: the job it is a rank of
             job = self._item("◆", self.job_text, "banner--job")
-            lines[1:1] = wrap(job, width, max_lines=2, indent=4)
-        return lines
+            groups[1:1] = [(JOB, wrap(job, width, max_lines=2, indent=4))]
+        return fit_rows(groups, self.max_rows, width)
 
-    def _build(self, width: int) -> list[Text]:
+    def _build(self, width: int) -> list[Group]:
         run = self.run
         if run is None and self.agent_only:
             nodes = self.agent_only
             node = self.host if self.host in nodes else nodes[0]
             more = f" (and {len(nodes) - 1} more nodes)" if len(nodes) > 1 else ""
-            return [
+            return in_order(
                 self._headline(
                     "info", "NO RUN", f"node {node}: no training run (agent only){more}."
                 ),
                 self._hint("Instrument a script:"),
-            ]
+            )
         if run is None:
             where = f" {self.host}" if self.host else ""
-            return [
+            return in_order(
                 self._headline("info", "NO PROBE", f"No training run attached: showing{where}."),
                 self._hint("Instrument a script:"),
-            ]
+            )
         if run.is_placeholder:
             if run.connection.state == "error":
-                return [self._headline("critical", "NO CONNECTION", run.connection.text)]
+                return in_order(self._headline("critical", "NO CONNECTION", run.connection.text))
             where = run.name if run.name == run.endpoint else f"{run.name} at {run.endpoint}"
-            return [
+            return in_order(
                 self._headline("info", "WAITING", f"{where}: nothing received yet."),
                 self._hint("Not instrumented yet?"),
-            ]
+            )
         state = run.connection.state
         if state == "incompatible":
             theirs = f"{run.theirs[0]}.{run.theirs[1]}" if run.theirs else "another version"
@@ -142,22 +161,26 @@ class Banner(Panel):
                 "its messages cannot be read"
             )
             return [
-                *wrap(self._headline("critical", "INCOMPATIBLE", headline), width),
-                self._item("→", upgrade_advice(run.theirs), "banner--advice"),
+                (HEADLINE, wrap(self._headline("critical", "INCOMPATIBLE", headline), width)),
+                (FIRST_ADVICE, [self._item("→", upgrade_advice(run.theirs), "banner--advice")]),
             ]
         verdict = run.verdict
         if verdict is None:
             if state == "exited":
-                return [self._headline("muted", "EXITED", f"The run {run.connection.text}.")]
+                return in_order(
+                    self._headline("muted", "EXITED", f"The run {run.connection.text}.")
+                )
             if state == "lost":
-                return [self._headline("muted", "LOST", f"{run.connection.text}.")]
+                return in_order(self._headline("muted", "LOST", f"{run.connection.text}."))
             if state == "stale":
-                return [
+                return in_order(
                     self._headline(
                         "warning", "STALE", f"{run.connection.text}: is the process still running?"
                     )
-                ]
-            return [self._headline("info", "WAITING", "Connected; waiting for the first steps.")]
+                )
+            return in_order(
+                self._headline("info", "WAITING", "Connected; waiting for the first steps.")
+            )
         return self._verdict_lines(run, verdict, width)
 
     def _headline(self, severity: str, kind: str, headline: str, right: str = "") -> Text:
@@ -176,7 +199,7 @@ class Banner(Panel):
         line.append(INSTRUMENT_HINT, self.style("banner--code"))
         return line
 
-    def _verdict_lines(self, run: RunSummary, verdict: Verdict, width: int) -> list[Text]:
+    def _verdict_lines(self, run: RunSummary, verdict: Verdict, width: int) -> list[Group]:
         state = run.connection.state
         prefix = ""
         if state == "exited":
@@ -204,13 +227,14 @@ class Banner(Panel):
         notes: tuple[str, ...] = tuple(getattr(verdict, "notes", ()) or ())
         headroom = [verdict.headroom] if verdict.headroom else []
         if wide:
-            lines += self._evidence(evidence, 3, width)
-            lines += self._items("→", advice[:2], "banner--advice", width)
-            lines += self._items(
-                "⇡", [verdict.headroom] if verdict.headroom else [], "banner--headroom", width
-            )
-            lines += self._items("·", notes[:1], "banner--note", width)
-            return lines
+            return [
+                (HEADLINE, lines),
+                (EVIDENCE, self._evidence(evidence, 3, width)),
+                (FIRST_ADVICE, self._items("→", advice[:1], "banner--advice", width)),
+                (MORE_ADVICE, self._items("→", advice[1:2], "banner--advice", width)),
+                (HEADROOM, self._items("⇡", headroom, "banner--headroom", width)),
+                (NOTE, self._items("·", notes[:1], "banner--note", width)),
+            ]
         # Narrow: what to do before why, every line wrapped, none cut; then the
         # second piece of advice and the first of evidence while the screen has room.
         first = self._items("→", advice[:1], "banner--advice", width)
@@ -223,7 +247,13 @@ class Banner(Panel):
             second = []
         if len(second) + len(why) > budget:
             why = []
-        return lines + first + second + gain + why
+        return [
+            (HEADLINE, lines),
+            (FIRST_ADVICE, first),
+            (MORE_ADVICE, second),
+            (HEADROOM, gain),
+            (EVIDENCE, why),
+        ]
 
     def _evidence(self, evidence: Sequence[str], count: int, width: int) -> list[Text]:
         """The first ``count`` pieces of evidence as bullets, each with its first details."""
@@ -242,6 +272,47 @@ class Banner(Panel):
 
     def _item(self, glyph: str, text: str, component: str) -> Text:
         return Text(f"  {glyph} {text}", self.style(component))
+
+
+def in_order(*lines: Text) -> list[Group]:
+    """Lines each of which matters less than the one before."""
+    return [(priority, [line]) for priority, line in enumerate(lines)]
+
+
+def fit_rows(groups: Sequence[Group], rows: int | None, width: int) -> list[Text]:
+    """The groups' lines in their order on screen, in at most ``rows`` lines (None: all).
+
+    Groups are kept by priority (lowest first) while they fit whole; the first that does
+    not is cut to the rows left and the rest left out: the headline and the first advice
+    before evidence. Where anything was left out, the last line shown ends in "…"."""
+    shown = sum(len(lines) for _priority, lines in groups)
+    if rows is None or shown <= rows:
+        return [line for _priority, lines in groups for line in lines]
+    kept: dict[int, int] = {}  # group position -> its lines kept
+    left = max(1, rows)
+    for position in sorted(range(len(groups)), key=lambda i: groups[i][0]):
+        kept[position] = min(left, len(groups[position][1]))
+        left -= kept[position]
+        if not left:
+            break
+    out = [
+        line
+        for position, (_priority, lines) in enumerate(groups)
+        for line in lines[: kept.get(position, 0)]
+    ]
+    out[-1] = ellipsized(out[-1], width)
+    return out
+
+
+def ellipsized(line: Text, width: int) -> Text:
+    """``line`` (a copy) ending in "…": more was there."""
+    line = line.copy()
+    line.rstrip()
+    if not line.plain.endswith("…"):
+        line.truncate(max(1, width - 1))
+        line.rstrip()
+        line.append("…")
+    return line
 
 
 def evidence_items(evidence: Sequence[str]) -> list[tuple[str, list[str]]]:

@@ -1,13 +1,19 @@
-"""The top line: which run, how it is connected, how fast it goes; and the run switcher."""
+"""The top line: which run, how it is connected, how fast it goes; and the run switcher.
+
+In a replay the connection is the recording's, not a live one: the line says "replay"
+(its speed, paused, or ended) where a live viewer says "● live", and keeps the other
+states (stale, exited, lost), which say what the run did at that moment.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
 
 from gputop_dl.tui.format import fmt_count, fmt_duration, fmt_number
-from gputop_dl.tui.state import RunSummary
+from gputop_dl.tui.state import NewRuns, RunSummary
 from gputop_dl.tui.widgets.base import Panel
 
 STATE_GLYPHS = {
@@ -19,6 +25,42 @@ STATE_GLYPHS = {
     "connecting": "◌",
     "error": "✖",
 }
+
+
+@dataclass(frozen=True)
+class ReplayMark:
+    """How a replay goes, for the header (tui.record.replay_app)."""
+
+    speed: int
+    paused: bool
+    at_end: bool  # the clock reached the end of the recording: nothing more comes
+
+
+def replay_text(mark: ReplayMark) -> str:
+    """The replay's state in a few words: "▶ replay x2", "⏸ replay paused"."""
+    if mark.at_end:
+        return "■ replay ended"
+    if mark.paused:
+        return "⏸ replay paused"
+    return f"▶ replay \u00d7{mark.speed}"
+
+
+def _key(number: int) -> str:
+    """How to reach the run numbered ``number`` in the switcher."""
+    return f"press {number}" if number <= 9 else "tab to it"
+
+
+def new_runs_text(news: NewRuns) -> str:
+    """The notice of runs that started after the run shown ended: what the viewer did
+    (switched, or kept the run the user picked) and the key that shows the other."""
+    (ended_number, ended), (number, first) = news.ended, news.runs[0]
+    more = len(news.runs) - 1
+    if news.switched:
+        others = f", the first of {more + 1} new runs" if more else ""
+        return f"{ended} ended: showing {first}{others} ({_key(ended_number)} for {ended})"
+    if more:
+        return f"{more + 1} runs started ({first}, …): {_key(number)} for {first}"
+    return f"{first} started: {_key(number)} to show it"
 
 
 def _fit(fields: Sequence[tuple[int, Text]], width: int, separator: str = "  ") -> Text:
@@ -59,6 +101,7 @@ class HeaderBar(Panel):
         "header--name",
         "header--rate",
         "header--paused",
+        "header--replay",
         "header--selected",
         "severity--ok",
         "severity--info",
@@ -73,6 +116,7 @@ class HeaderBar(Panel):
         self.selected_index: int | None = None
         self.host: str | None = None
         self.paused = False
+        self.replay: ReplayMark | None = None  # a recording is shown, not live runs
 
     def show(
         self,
@@ -91,6 +135,12 @@ class HeaderBar(Panel):
             self.paused = paused
             self.changed()
 
+    def set_replay(self, mark: ReplayMark | None) -> None:
+        """Say the runs are a recording's, and how its replay goes."""
+        if mark != self.replay:
+            self.replay = mark
+            self.changed()
+
     # ---------------------------------------------------------------- rendering
 
     def build(self, width: int) -> list[Text]:
@@ -105,8 +155,16 @@ class HeaderBar(Panel):
             lines.append(self._switcher(width))
         return lines
 
+    def _replay_field(self) -> list[tuple[int, Text]]:
+        """The replay's state, first on the line (none when live)."""
+        if self.replay is None:
+            return []
+        return [(0, Text(replay_text(self.replay), self.style("header--replay")))]
+
     def _state(self, run: RunSummary) -> Text:
         state = run.connection.state
+        if state == "live" and self.replay is not None:
+            return Text()  # it was live when recorded: the replay field says what it is
         glyph = STATE_GLYPHS.get(state, "○")
         text = run.connection.text
         if state == "exited" and run.connection.age_s is not None:
@@ -117,6 +175,7 @@ class HeaderBar(Panel):
         run = self.run
         if run is None:
             fields = [
+                *self._replay_field(),
                 (0, Text("○ no training run", self.style("panel--dim"))),
                 (1, Text(f"host {self.host}" if self.host else "waiting for samples")),
                 (3, Text("? help", self.style("panel--dim"))),
@@ -136,6 +195,7 @@ class HeaderBar(Panel):
             rate.append(fmt_number(run.rate_now), self.style("header--rate"))
             rate.append(f" {run.unit}")
         fields = [
+            *self._replay_field(),
             (0, self._state(run)),
             (1, name),
             (2, rate),

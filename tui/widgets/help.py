@@ -19,9 +19,13 @@ HELP_TEXT = f"""\
   and on average (an ended run has no rate now), and the connection: `● live`,
   `◐ stale` (no message for more than 3 s), `■ exited` (with the reason: a goodbye, or
   the process gone without one), `◌ lost` (a remote run silent for 6 s),
-  `✖ incompatible` (protocol versions differ), `◌ connecting` (nothing received yet).
+  `✖ incompatible` (protocol versions differ), `◌ connecting` (nothing received yet);
+  in a replay `▶ replay` with its speed, `⏸ replay paused` or `■ replay ended` instead of `live`.
   With several runs or ranks a second line lists them: `tab`/`shift+tab` or `1`-`9`
-  switch.
+  switch. When the run shown ends and a new one starts (a training restarted under
+  another name), the new one is shown and a notice says so, unless you picked the run
+  shown with `tab` or a number: then it stays, and the notice names the key of the new
+  one.
 - **Banner**: the bottleneck verdict. Its colour is its severity (green fine, blue
   information, yellow worth fixing, red stuck). Lines: `•` evidence, `→` advice,
   `⇡` headroom (what the run would gain without the bottleneck).
@@ -53,7 +57,10 @@ HELP_TEXT = f"""\
 On a terminal under 44 rows the panels take compact forms (all cores in one bar with
 the busiest by number `#3 96%`, four accelerators a line with utilisation and `m`
 memory %, one line a disk or interface); when they still do not fit they scroll, and
-the line under them names what is below the fold.
+the line under them names what is below the fold. On a terminal too small for the
+verdict, the graph and a few rows of panels (a 40x10 pane), the verdict comes first:
+the graph is hidden, the panels keep the rows left (or are hidden too), and that line
+says what is hidden: a larger terminal shows it.
 
 ## Verdicts
 
@@ -82,7 +89,7 @@ column, `r` reverse, `j`/`escape` back) · `PgDn`/`PgUp`, `↓`/`↑` scroll the
 
 `r` records what the viewer receives until `r` again, into `$GPUTOP_RECORD_DIR` (default
 `~/.local/share/gputop/recordings`); the line under the problems shows the file and its
-size. `gputop FILE` replays a recording: `space` play/pause, `+`/`-` speed 1 to 60 times,
+size. `gputop FILE` replays a recording: `space` or `p` play/pause, `+`/`-` speed 1 to 60 times,
 `←`/`→` 10 s back/forward; the time line shows where you are.
 """
 
