@@ -50,23 +50,10 @@ from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.fold import Scroll, more_text
 from gputop_dl.tui.widgets.header import ReplayMark, new_runs_text, replay_text
 from tests.recordings import fault_run, write_events
+from tests.test_app import FrozenClock, make_app
 
 NOW = T0 + 60.0
 X = "\u00d7"  # the times sign: "replay x2" on screen, with this sign for the x
-
-
-class FrozenClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_app(now: float = NOW) -> tuple[GputopApp, FakeSource, FrozenClock]:
-    source = FakeSource()
-    clock = FrozenClock(now)
-    return GputopApp(source, local_host=HOST, clock=clock), source, clock
 
 
 async def settle(pilot: Pilot[None]) -> None:
@@ -76,6 +63,8 @@ async def settle(pilot: Pilot[None]) -> None:
 
 
 async def feed(pilot: Pilot[None], source: FakeSource, events: Iterable[SourceEvent]) -> None:
+    """Push a batch and let the refresh and the fitting go through (test_app's feed only
+    pauses once)."""
     source.push(list(events))
     await pilot.pause()
     app = pilot.app
