@@ -179,22 +179,31 @@ MARK_MAX = 64  # characters of what the script named
 class Outside:
     """Context manager: the script says no step is expected for a while (``with
     probe.outside("evaluation")``): viewers show "outside the training loop", not a
-    stall. For loops timed with :meth:`Probe.step`, which no ``watch`` can tell this of;
-    inside a watched loop's step it marks the same (that step then takes longer)."""
+    stall. For loops timed with :meth:`Probe.step`, which no ``watch`` can tell this of,
+    and inside a watched loop's step (an evaluation every N batches): that step's period
+    then leaves the time outside out, as the time between two ``probe.step`` steps is
+    in no step. Counted as the step's own work, a 10 s evaluation made a data-bound run
+    read "compute-bound" and its average rate a quarter of what it was."""
 
-    __slots__ = ("_declared", "_previous", "_probe", "_what")
+    __slots__ = ("_declared", "_previous", "_probe", "_step", "_t0", "_what")
 
     def __init__(self, probe: Probe, what: str) -> None:
         self._probe = probe
         self._what = str(what)[:MARK_MAX]
         self._previous: str | None = None
         self._declared = 0
+        self._step = -1  # the watched step it was entered in (-1: none)
+        self._t0 = 0.0
 
     def __enter__(self) -> Outside:
         p = self._probe
         if p.enabled:
             self._previous = p._loop
             self._declared = p._declared_left
+            # Inside a watched pass's step (its body: the batch delivered, the next not
+            # asked for): the time outside is taken out of that step's period.
+            self._step = p._index_now() if p._passes and self._previous == "in-loop" else -1
+            self._t0 = time.perf_counter()
             p._mark_loop("outside", MARKED + self._what)
         return self
 
@@ -203,6 +212,8 @@ class Outside:
         if p._declared_left != self._declared and not p._passes:
             return  # its pass was left meanwhile (the loader raised): no loop to go back to
         if p.enabled and self._previous != "outside":  # nested: the outer one goes on
+            if self._step >= 0 and p._index_now() == self._step:  # still that step
+                p._outside_log.append((self._step, time.perf_counter() - self._t0))
             p._mark_loop("in-loop", None)
             if p._last_mark is not None and p._open is None and p._segment is None:
                 # probe.step's next step starts here, not at the mark before: the time
@@ -339,6 +350,8 @@ class Probe:
         self._segments: deque[Segment] = deque()
         # probe.step(samples) inside a segment: (step index, count) for the publisher.
         self._count_fixes: deque[tuple[int, int | None]] = deque(maxlen=MAX_BUFFERED_STEPS)
+        # (step, seconds) a watched step spent in probe.outside: out of its period
+        self._outside_log: deque[tuple[int, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._open: tuple[float, float, Any, Any] | None = None  # t0, t1, samples, ev_start
         self._phase_log: deque[tuple[int, str, float]] = deque(maxlen=MAX_BUFFERED_STEPS)
         self._last_mark: float | None = None
@@ -1188,6 +1201,10 @@ class Probe:
         for _ in range(len(self._count_fixes)):  # after the readings: a fix precedes its end
             index, n = self._count_fixes.popleft()
             fixes[index] = n
+        outside = st.outside
+        for _ in range(len(self._outside_log)):  # logged before its step's end, as a fix
+            index, seconds = self._outside_log.popleft()
+            outside[index] = outside.get(index, 0.0) + seconds
         log = self._phase_log
         phases = st.phases
         for _ in range(len(log)):  # after the steps: a step's phases are logged before it
@@ -1202,7 +1219,7 @@ class Probe:
             ends += [segment.stamps[2 * segment.taken + 2] / 1e9 for segment, _ in spans]
             b = st.base_for(min(ends))
             base_ns = round(b * 1e9)
-            if not (fixes or phases):
+            if not (fixes or phases or outside):
                 # The C-timed steps sent as the readings and counts they are; the others
                 # (a pass's first steps) as rows beside them. Turning a drain's runs into
                 # rows when it also held a pass's start cost the publisher ~0.5 us a step
@@ -1214,6 +1231,8 @@ class Probe:
                 rows = self._segment_rows(rows, spans, base_ns)
             if fixes:
                 rows = _fixed(rows, fixes)
+            if outside:
+                rows = _without_outside(rows, outside)
             if phases:  # named phases (rare): such rows carry all nine fields
                 rows = [
                     _with_phases(row, _phase_items(phases.pop(row.index, None))) for row in rows
@@ -1261,6 +1280,8 @@ class Probe:
             out = self._segment_rows(out, spans, base_ns)
         if fixes:
             out = _fixed(out, fixes)
+        if outside:
+            out = _without_outside(out, outside)
         return self._drained(st, Batch(b + wall_offset, out, clock_ns=base_ns))
 
     def _note_start_waits(self, raws: list[_Raw]) -> None:
@@ -1292,7 +1313,7 @@ class Probe:
         last = batch.last_index
         st.dropped_steps += max(0, last + 1 - st.next_index - batch.steps)
         st.next_index = last + 1
-        for pending in (st.count_fixes, st.phases):
+        for pending in (st.count_fixes, st.phases, st.outside):
             for stale in [i for i in pending if i < st.next_index]:
                 del pending[stale]
         return batch
@@ -1341,6 +1362,7 @@ class _DrainState:
     next_index: int = 0
     dropped_steps: int = 0
     count_fixes: dict[int, int | None] = field(default_factory=dict)  # probe.step(samples)
+    outside: dict[int, float] = field(default_factory=dict)  # step -> s in probe.outside
     ev_end: Any = None  # the last drained step's end event, its host time and period
     t_end: float | None = None
     period: float | None = None
@@ -1396,6 +1418,17 @@ def _fixed(rows: list[_Wire], fixes: dict[int, int | None]) -> list[_Wire]:
     for row in rows:  # made in this drain: nothing else holds them yet
         if row.index in fixes:
             row.samples = fixes.pop(row.index)
+    return rows
+
+
+def _without_outside(rows: list[_Wire], outside: dict[int, float]) -> list[_Wire]:
+    """``rows`` whose steps spent time in ``probe.outside`` (an evaluation inside a
+    watched step) with that time out of their period: the step starts that much later,
+    after its data wait, and the time is in no step. Never below the step's data wait."""
+    for row in rows:  # made in this drain: nothing else holds them yet
+        seconds = outside.pop(row.index, None)
+        if seconds is not None:
+            row.period_us = max(row.wait_us or 0, row.period_us - _us(seconds))
     return rows
 
 

@@ -875,6 +875,59 @@ def test_a_loop_timed_with_step_marks_its_evaluation_outside() -> None:
     assert max(r["period_s"] for r in records) < 0.3, records
 
 
+@pytest.mark.parametrize("at", [1, 40], ids=["python-timed-step", "c-timed-step"])
+def test_an_evaluation_inside_a_watched_step_is_in_no_step(at: int) -> None:
+    """``with probe.outside()`` inside a watched loop's step (an evaluation every N
+    batches): its time leaves that step's period, as between probe.step steps. Counted
+    as the step's own work, a 10 s evaluation made a data-bound run read compute-bound
+    and its average a quarter of what it was (a new user's audit, 2026-12-07)."""
+    p = tcp_probe("eval-inside", system_interval_s=0)
+    reader = attached(p)
+    for i, _ in enumerate(p.watch(range(60))):
+        time.sleep(0.002)  # the step's own work
+        if i == at:
+            with p.outside("evaluation"):
+                time.sleep(0.4)
+    reader.pump(1.0)
+    p.close()
+    reader.pump(0.3)
+    reader.close()
+    records = {r["index"]: r for r in reader.steps()}
+    assert set(records) == set(range(60))
+    step = records[at]
+    assert 0.002 <= step["period_s"] < 0.1, step  # its own work, not the 0.4 s outside
+    assert step["period_s"] >= step["wait_s"]
+    # The time is in no step: the step starts that much after the one before it ended.
+    before = records[at - 1]
+    gap = (step["end_time"] - step["period_s"]) - before["end_time"]
+    assert gap == pytest.approx(0.4, abs=0.1), (before, step)
+    assert max(r["period_s"] for i, r in records.items() if i != at) < 0.1
+    loops = [(m["state"], m["how"]) for m in reader.of_kind("loop")]
+    assert ("outside", "marked:evaluation") in loops
+
+
+def test_a_watched_loop_inside_an_evaluation_mark_keeps_its_own_steps() -> None:
+    """An evaluation that iterates a watched loader of its own inside probe.outside():
+    its steps are its own (new indices), so the outer step is left as it was: nothing is
+    taken twice, no step's period goes below its wait."""
+    p = tcp_probe("eval-loop", system_interval_s=0)
+    reader = attached(p)
+    for i, _ in enumerate(p.watch(range(10))):
+        if i == 3:
+            with p.outside("evaluation"):
+                for _ in p.watch(range(4)):
+                    time.sleep(0.01)
+    reader.pump(1.0)
+    p.close()
+    reader.pump(0.3)
+    reader.close()
+    records = reader.steps()
+    # 10 + 4 steps less the outer step that held the inner loop (a loop entered inside
+    # another's step ends that step unpublished: tests/test_watch_segments.py).
+    assert sorted(r["index"] for r in records) == list(range(13))
+    assert all(r["period_s"] >= r["wait_s"] >= 0 for r in records)
+
+
 def test_short_passes_send_their_loop_changes_not_a_hello_each() -> None:
     # Viewers apply Loop messages to the hello they hold (tui/state/run.py,
     # window_hello): a hello a pass cost the publisher ~0.25 ms each, 2-5 a second for
