@@ -57,5 +57,6 @@ screenshots: $(STAMP)  ## render screenshots/ from the real app on a real demo r
 wheel-check: $(STAMP)  ## build the wheel; install it (not editable) in clean venvs, full and probe-only
 	$(BIN)/python .ci/wheel_check.py
 
-clean:  ## remove the virtualenv and caches
+clean:  ## remove the virtualenv, caches and the demo's generated dataset
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf "$$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/gputop-demo-data"

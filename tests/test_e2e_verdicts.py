@@ -69,7 +69,9 @@ def test_scenario_gives_the_right_verdict(
         verdict = verdict_of(snapshot(endpoint, wait=10))
     finally:
         stop_child(child)
-    assert verdict["kind"] == kind, (verdict, log.read_text()[-2000:])
+        told = log.read_text()[-2000:]
+        log.unlink(missing_ok=True)  # not left in /tmp by every run of the suite
+    assert verdict["kind"] == kind, (verdict, told)
     assert verdict["cause"] in causes, verdict
     assert verdict["evidence"], verdict
     if kind == "input-bound":
@@ -77,13 +79,14 @@ def test_scenario_gives_the_right_verdict(
 
 
 def test_a_hung_step_is_reported_as_stalled_with_its_length() -> None:
-    child, endpoint, _ = start_demo("stall", extra=["--stall-after", "6"])
+    child, endpoint, log = start_demo("stall", extra=["--stall-after", "6"])
     try:
         wait_for_steps(endpoint, 3, timeout=180)
         time.sleep(8)  # past the hang's start
         verdict = verdict_of(snapshot(endpoint, wait=15))
     finally:
         stop_child(child)
+        log.unlink(missing_ok=True)
     assert verdict["kind"] == "stalled", verdict
     assert verdict["severity"] == "critical"
     assert "no step for" in verdict["headline"], verdict
@@ -132,7 +135,9 @@ def verdict_timeline(scenario: str, seconds: float) -> tuple[float | None, list[
     finally:
         collector.stop()
         stop_child(child)
-    assert first is not None, log.read_text()[-2000:]
+        told = log.read_text()[-2000:]
+        log.unlink(missing_ok=True)
+    assert first is not None, told
     return first - launched, shown
 
 

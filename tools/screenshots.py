@@ -64,11 +64,12 @@ def run(scenario: str, out: Path, name: str, simulate: bool = False) -> None:
         os.environ["PATH"] = os.pathsep.join([*fakes, os.environ["PATH"]])
         os.environ["FAKE_HLSMI_MODEL"] = "HL-225"
     launcher = [sys.executable, "-c", SIMULATE.format(root=str(ROOT))] if simulate else None
-    child, endpoint, _log = start_demo(scenario, launcher=launcher)
+    child, endpoint, log = start_demo(scenario, launcher=launcher)
     try:
         asyncio.run(shoot(endpoint, out, name, settle_s=30.0))
     finally:
         stop_child(child)
+        log.unlink(missing_ok=True)  # the demo's own exit does this; not left in /tmp
         os.environ.clear()
         os.environ.update(env_backup)
 

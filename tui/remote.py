@@ -127,7 +127,8 @@ def classify(host: str, status: int | None, stderr: str, command: str) -> tuple[
         program = shlex.split(command)[0] if command.strip() else command
         return NOT_INSTALLED, (
             f"{host}: {program} not found there ({last or 'exit status 127'}); install it "
-            f"on {host} (pip install gputop-dl) or name it with --remote-command "
+            f"on {host} (pip install /path/to/gputop, or its wheel) or name it with "
+            "--remote-command "
             f"'/path/to/venv/bin/gputop relay --stdio' (or ${ENV_REMOTE_COMMAND})"
         )
     if status == 255:
