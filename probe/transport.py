@@ -22,6 +22,7 @@ import ipaddress
 import math
 import operator
 import os
+import re
 import struct
 import threading
 import time
@@ -431,6 +432,8 @@ class Subscriber:
         )
         # endpoint -> why its handshake failed, the newest (libzmq tries again by itself)
         self.refusals: dict[str, str] = {}
+        # endpoint -> how it was connected (SECURITY_*): what a failed handshake means
+        self._security: dict[str, str] = {}
         self._poller = zmq.Poller()
         # Not the monitor: libzmq retries a peer that accepts and closes ~10 times a
         # second, each a DISCONNECTED event; a dropped peer waits for the next receive.
@@ -442,10 +445,13 @@ class Subscriber:
         self.endpoints: set[str] = set()
 
     def connect(self, endpoint: str) -> None:
+        """Connect to ``endpoint``; TransportError when it cannot be (a malformed
+        endpoint, or GPUTOP_SERVER_KEY for a network one)."""
         try:
             self._keys = connect_maybe_curve(self._sock, endpoint, self._keys)
         except zmq.ZMQError as exc:
             raise TransportError(f"cannot connect to {endpoint}: {exc.strerror}") from None
+        self._security[endpoint] = security_of(endpoint, self._keys)
         self.endpoints.add(endpoint)
 
     def disconnect(self, endpoint: str) -> None:
@@ -453,6 +459,8 @@ class Subscriber:
             self._sock.disconnect(endpoint)
         self.endpoints.discard(endpoint)
         self._revived.pop(endpoint, None)
+        self._security.pop(endpoint, None)
+        self.refusals.pop(endpoint, None)  # a later connect starts afresh
 
     def receive(self, timeout_s: float, max_messages: int = RECEIVE_MAX) -> list[list[bytes]]:
         """Wait up to ``timeout_s`` for messages, or until :meth:`wake`; return all that
@@ -488,7 +496,7 @@ class Subscriber:
             if endpoint not in self.endpoints:
                 continue
             event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
-            refusal = HANDSHAKE_FAILED.get(event)
+            refusal = handshake_failure(event, self._security.get(endpoint, SECURITY_PLAIN))
             if refusal is not None:
                 self.refusals[endpoint] = refusal
             else:
@@ -510,7 +518,7 @@ class Subscriber:
             elif wait <= 0:
                 del self._dropped[endpoint]
                 self._revived[endpoint] = now
-                with contextlib.suppress(zmq.ZMQError):
+                with contextlib.suppress(zmq.ZMQError, TransportError):
                     self._sock.disconnect(endpoint)
                     connect_maybe_curve(self._sock, endpoint, self._keys)
             else:
@@ -554,6 +562,10 @@ class CurveKeys:
     secret: bytes
     authorized: frozenset[bytes]
     server: bytes  # the public key a client expects its server to prove
+    # Why $GPUTOP_SERVER_KEY cannot be used, when it is set and malformed: a client then
+    # refuses to connect rather than expect its own key in its place (the refusal would
+    # blame the keys the server holds, not the variable).
+    server_error: str | None = None
 
 
 def keys_dir() -> Path:
@@ -611,10 +623,44 @@ def load_keys(directory: Path | None = None) -> CurveKeys | None:
         authorized_text = ""  # nobody admitted yet: every client is refused
     if secret is None or not is_key(public) or not is_key(secret):
         return None
-    server = os.environ.get(ENV_SERVER_KEY, "").strip().encode() or public
-    if not is_key(server):
-        server = public
-    return CurveKeys(public, secret, parse_authorized(authorized_text[:MAX_KEY_FILE_BYTES]), server)
+    authorized = parse_authorized(authorized_text[:MAX_KEY_FILE_BYTES])
+    try:
+        server = server_key_from_env() or public
+    except ValueError as exc:
+        return CurveKeys(public, secret, authorized, public, str(exc))
+    return CurveKeys(public, secret, authorized, server)
+
+
+# A certificate's public key line, as zmq.auth writes it: `public-key = "KEY"`.
+_CERT_PUBLIC_KEY = re.compile(r'^\s*public-key\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+
+
+def server_key_from_env() -> bytes | None:
+    """$GPUTOP_SERVER_KEY: the public key a client expects its server to hold, None when
+    unset. Also taken from a certificate's whole text (``cat gputop.key``), whose one
+    `public-key = "..."` value is then the key. ValueError saying what is expected when
+    it is neither."""
+    text = os.environ.get(ENV_SERVER_KEY, "").strip()
+    if not text:
+        return None
+    if is_key(text.encode()):
+        return text.encode()
+    found = set(_CERT_PUBLIC_KEY.findall(text))
+    if len(found) == 1 and is_key(key := found.pop().encode()):
+        return key
+    what = (
+        f"a text of {len(text)} characters with {len(found)} public-key values"
+        if len(found) > 1
+        else f"{len(text)} characters"
+        + (" with spaces" if any(c.isspace() for c in text) else "")
+        + ("" if len(text) != 40 else " that are not Z85")
+    )
+    raise ValueError(
+        f"{ENV_SERVER_KEY} is not a CURVE public key ({what}): it must be the server's "
+        "40-character Z85 public key, the quoted public-key value in its gputop.key, "
+        "single-quoted in the shell (Z85 has characters such as $ & * # that the shell "
+        f"would take): export {ENV_SERVER_KEY}='KEY'"
+    )
 
 
 def write_keypair(directory: Path) -> Path:
@@ -664,6 +710,8 @@ def connect_maybe_curve(
     if keys is None:
         sock.connect(endpoint)
         return None
+    if keys.server_error is not None:
+        raise TransportError(f"cannot connect to {endpoint}: {keys.server_error}")
     sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
@@ -672,6 +720,14 @@ def connect_maybe_curve(
     finally:
         sock.setsockopt(zmq.CURVE_SERVER, 0)  # mechanism back to NULL
     return keys
+
+
+def security_of(endpoint: str, keys: CurveKeys | None) -> str:
+    """How :func:`connect_maybe_curve` connected to ``endpoint`` (keys as it returned
+    them): plain (ipc, loopback), a network endpoint without keys, or CURVE."""
+    if exposure(endpoint) != EXPOSED:
+        return SECURITY_PLAIN
+    return SECURITY_NO_KEYS if keys is None else SECURITY_CURVE
 
 
 # ----------------------------------------------------------------------- relay
@@ -777,7 +833,9 @@ class Forwarder:
                 ops, self._ops = self._ops, []
                 closing = self._closing
             for connect, endpoint in ops:
-                with contextlib.suppress(zmq.ZMQError):
+                # TransportError: a malformed GPUTOP_SERVER_KEY; that upstream is left
+                # out (the proxy thread must outlive it).
+                with contextlib.suppress(zmq.ZMQError, TransportError):
                     if connect:
                         self.keys = connect_maybe_curve(self._front, endpoint, self.keys)
                     else:
@@ -848,6 +906,8 @@ def _readable(sock: zmq.Socket[bytes]) -> bool:
 
 # Why a server refused this subscriber's security handshake, by monitor event: what the
 # viewer says of the endpoint (without it, "connecting" for ever, and "no run found").
+# These are the texts of a network connection made without keys (the client side is then
+# NULL, the server may want CURVE); see :func:`handshake_failure` for the others.
 HANDSHAKE_FAILED = {
     int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): (
         "authentication failed: this viewer's key is not admitted there (on that host: "
@@ -855,15 +915,58 @@ HANDSHAKE_FAILED = {
     ),
     int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): (
         "the security handshake failed: the server wants CURVE keys and this viewer has "
-        "none (gputop keys), or another server key (GPUTOP_SERVER_KEY)"
+        "none (gputop keys)"
     ),
     # libzmq reports a server with keys and a client without either way (NO_DETAIL or
     # PROTOCOL, as the handshake's messages cross): both texts name the keys.
     int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): (
-        "the security handshake failed: the two sides' security differs (CURVE keys on "
-        "one side only: gputop keys; or GPUTOP_SERVER_KEY), or it is not a gputop publisher"
+        "the security handshake failed: the server wants CURVE keys and this viewer has "
+        "none (gputop keys), or it is not a gputop publisher"
     ),
 }
+# The same for a CURVE connection (the viewer has keys): a server holding another key
+# than the one expected drops the HELLO it cannot decrypt (NO_DETAIL here), and a server
+# without keys (--insecure) speaks another mechanism (PROTOCOL).
+_HANDSHAKE_FAILED_CURVE = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): HANDSHAKE_FAILED[int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)],
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): (
+        "the CURVE handshake failed: the server holds another key than the one this viewer "
+        "expects (this user's own, or GPUTOP_SERVER_KEY's), or it went away mid-handshake"
+    ),
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): (
+        "the CURVE handshake failed: the server does not use CURVE keys (started with "
+        "--insecure?), or it is not a gputop publisher"
+    ),
+}
+# A plain connection (ipc, loopback: never CURVE, on either side). Keys cannot be the
+# cause: a NO_DETAIL is the peer closing the connection before the handshake ended,
+# typically a process that just died (kill -9) while a child it forked (a DataLoader
+# worker) still held its listening socket, so that the connect was accepted.
+_HANDSHAKE_FAILED_PLAIN = {
+    int(zmq.EVENT_HANDSHAKE_FAILED_AUTH): "the publisher refused the connection",
+    int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): (
+        "the connection closed during the handshake: the process went away (or is not a "
+        "gputop publisher)"
+    ),
+    int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): (
+        "the handshake failed: the peer does not speak ZeroMQ as gputop does (not a gputop "
+        "publisher?)"
+    ),
+}
+# How a connection was made: which of the tables above explains its failed handshake.
+SECURITY_PLAIN, SECURITY_NO_KEYS, SECURITY_CURVE = "plain", "no keys", "curve"
+
+
+def handshake_failure(event: int, security: str) -> str | None:
+    """Why a handshake failed (monitor ``event``) on a connection of ``security``, or
+    None when ``event`` is not a handshake failure."""
+    table = {
+        SECURITY_PLAIN: _HANDSHAKE_FAILED_PLAIN,
+        SECURITY_CURVE: _HANDSHAKE_FAILED_CURVE,
+    }.get(security, HANDSHAKE_FAILED)
+    return table.get(event)
+
+
 _HANDSHAKE_FAILED_EVENTS = functools.reduce(operator.or_, HANDSHAKE_FAILED)
 _MONITOR_EVENT = struct.Struct("=H")  # a monitor message's first frame: event, value
 

@@ -25,6 +25,7 @@ from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import (
     Cause,
     affinity_advice,
+    awaits_samples,
     cpu_lines,
     find_on_cores,
     input_cause,
@@ -64,6 +65,7 @@ from gputop_dl.tui.analysis.thresholds import (
     BATCH_HINT_MEM_MAX,
     BATCH_HINT_UTIL_PCT,
     BURSTY_RATIO,
+    CARRY_S,
     CAUGHT_UP_ENTER,
     CAUGHT_UP_EXIT,
     CONFIDENT_S,
@@ -80,6 +82,7 @@ from gputop_dl.tui.analysis.thresholds import (
     INPUT_WARN_ENTER,
     INPUT_WARN_EXIT,
     LOW_GPU_UTIL_PCT,
+    MAX_HEADROOM_FACTOR,
     MIN_SLOW_STEPS,
     MIN_STEPS,
     MIN_SYSTEMS,
@@ -125,6 +128,9 @@ class Window:
     # The median time outside the loop when it was left as it is now (a validation's)
     # and how many it is from: one that lasts much longer may hang (Run.usual_away).
     usual_away: tuple[float, int] | None = None
+    # A viewer receives the run's messages now (True: its probe samples the node once a
+    # second for it); None: not known (the probe samples every 5 s while none is).
+    watched: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -204,15 +210,37 @@ def _gain(rate: float, bound: float) -> str:
     return f"+{pct} %" if pct > 0 else "no gain"
 
 
+def beyond_bound(rate: float, ceiling: float) -> bool:
+    """A ceiling over MAX_HEADROOM_FACTOR times the rate: the rest of the step is a sliver
+    of it, and the figure ("+17327 %") says nothing a user can reach."""
+    return ceiling > MAX_HEADROOM_FACTOR * rate
+
+
 def _headroom(stats: StepStats, what: str, share: float) -> str | None:
-    """Throughput if ``share`` of the step time went away, an upper bound: rate / (1 - share)."""
+    """Throughput if ``share`` of the step time went away, an upper bound: rate / (1 - share).
+    Beyond MAX_HEADROOM_FACTOR times the rate the figure is withheld, with why: the step
+    is nearly all ``what``, and what feeds it (the loader's own rate) is the bound."""
     if share <= 0 or share >= 1:
         return None
     rate, unit = _rate(stats)
     if rate <= 0:
         return None
     ceiling = rate / (1 - share)
+    if beyond_bound(rate, ceiling):
+        return (
+            f"without {what}: no figure: the rest of the step is {fmt.pct(1 - share)} of it, "
+            f"so its bound is over {MAX_HEADROOM_FACTOR:g}x today's rate and says nothing; "
+            "what feeds the loop bounds it (measure the loader alone)"
+        )
     return f"without {what}: at most ≈ {fmt.num(ceiling)} {unit}, {_gain(rate, ceiling)}"
+
+
+def _any_wait(rate: float, ceiling: float) -> str:
+    """The ceiling without any data wait beside an advice's bound: its figure, or that it
+    is far beyond (beyond_bound)."""
+    if beyond_bound(rate, ceiling):
+        return f"without any data wait over {MAX_HEADROOM_FACTOR:g}x"
+    return f"without any data wait ≈ {fmt.num(ceiling)}"
 
 
 def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
@@ -244,11 +272,11 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
         ceiling = rate / (1 - share)
         pace = rate / now_loaders if now_loaders > 0 else rate / share
         bound = min(ceiling, loaders * pace)
-        if bound < ceiling:
+        if bound < ceiling and not beyond_bound(rate, bound):
             return (
                 f"with the advice: at most ≈ {fmt.num(bound)} {unit}, {_gain(rate, bound)} "
-                f"({loaders} loaders waiting side by side, each at today's pace; without "
-                f"any data wait ≈ {fmt.num(ceiling)})"
+                f"({loaders} loaders waiting side by side, each at today's pace; "
+                f"{_any_wait(rate, ceiling)})"
             )
         return plain
     now, after = cause.loader_cores_now, cause.loader_cores_after
@@ -261,13 +289,17 @@ def _input_headroom(stats: StepStats, cause: Cause, share: float) -> str | None:
     per = "sample" if unit == "samples/s" else "step"
     basis = f"loading {fmt.dur(cost)} CPU per {per}"
     if bound >= ceiling:
+        if beyond_bound(rate, ceiling):
+            return plain  # the figure withheld, with why
         return (
             f"without the data wait: at most ≈ {fmt.num(ceiling)} {unit}, "
             f"{_gain(rate, ceiling)} ({basis} keeps up on {fmt.cores(after)})"
         )
+    if beyond_bound(rate, bound):
+        return plain  # the advice's bound is as far beyond (a CPU cost near 0)
     return (
         f"with the advice: at most ≈ {fmt.num(bound)} {unit}, {_gain(rate, bound)} ({basis} "
-        f"on {fmt.cores(after)}; without any data wait ≈ {fmt.num(ceiling)})"
+        f"on {fmt.cores(after)}; {_any_wait(rate, ceiling)})"
     )
 
 
@@ -880,6 +912,7 @@ def _input_bound(
         ctx.passes,
         run_age_s=ctx.window.now - since if since is not None else None,
         resumed=resumed,
+        watched=ctx.window.watched,
     )
     threshold = INPUT_WARN_ENTER if severity == "warning" else INPUT_INFO_ENTER
     exit_at = INPUT_WARN_EXIT if severity == "warning" else INPUT_INFO_EXIT
@@ -1419,7 +1452,10 @@ class VerdictTracker:
     for PERSIST_S over at least PERSIST_UPDATES consecutive updates; "stalled" and
     "warming-up" are shown, and left, at once, and so is a cause found where the shown
     verdict said "unknown". A verdict of the shown kind refreshes the
-    figures at once.
+    figures at once. Back in the loop after a fact (outside the loop, a stall), the last
+    judgement stands as the shown one: a new verdict replaces it as it would have replaced
+    it before, and one of its kind that cannot name a cause for want of host samples yet
+    keeps its cause for up to CARRY_S (carry_over).
     """
 
     def __init__(self, persist_s: float = PERSIST_S, persist_updates: int = PERSIST_UPDATES):
@@ -1429,18 +1465,57 @@ class VerdictTracker:
         self._candidate: tuple[str, str | None, str] | None = None
         self._candidate_since = 0.0
         self._candidate_count = 0
+        self._judged: Verdict | None = None  # the last judgement shown (no fact kind)
+        self._carry_until: float | None = None  # see update
 
     @property
     def shown(self) -> Verdict | None:
-        """The verdict shown now (pass it to ``analyze(..., previous=)``)."""
+        """The verdict shown now."""
         return self._shown
+
+    @property
+    def judged(self) -> Verdict | None:
+        """The last judgement of the loop shown (not a fact: outside the loop, a stall,
+        warming up): an ended run's bottleneck (ended_verdict)."""
+        return self._judged
+
+    @property
+    def basis(self) -> Verdict | None:
+        """The verdict to pass to ``analyze(..., previous=)``: the shown one, or while a
+        fact is shown the judgement before it (back in the loop its exit thresholds and
+        cause hold, not a fresh start's)."""
+        shown = self._shown
+        if shown is not None and shown.kind in IMMEDIATE_KINDS and self._judged is not None:
+            return self._judged
+        return shown
 
     def analyze(self, window: Window) -> Verdict:
         """Analyze ``window`` with this tracker's hysteresis and return what to show."""
-        return self.update(analyze(window, previous=self._shown), window.now)
+        return self.update(analyze(window, previous=self.basis), window.now)
 
     def update(self, verdict: Verdict, now: float) -> Verdict:
         shown = self._shown
+        judged = self._judged
+        if (
+            shown is not None
+            and judged is not None
+            and shown.kind in IMMEDIATE_KINDS
+            and verdict.kind not in IMMEDIATE_KINDS
+        ):
+            # Back in the loop: the judgement before the fact is what is shown again. The
+            # fact said nothing against it (an evaluation is no evidence on the loader);
+            # showing the new verdict at once put "cause pending" after every evaluation.
+            shown = self._shown = judged
+            self._candidate, self._candidate_count = None, 0
+            self._carry_until = now + CARRY_S
+        if judged is not None and self._carry_until is not None:
+            if now < self._carry_until and shown is not None and shown.kind not in IMMEDIATE_KINDS:
+                carried = carry_over(verdict, judged)
+                if carried is not None:
+                    self._shown = replace(carried, since=judged.since)
+                    return self._shown
+            else:
+                self._carry_until = None
         if (
             shown is None
             or _identity(verdict) == _identity(shown)
@@ -1463,4 +1538,45 @@ class VerdictTracker:
     def _show(self, verdict: Verdict, since: float | None) -> Verdict:
         self._shown = replace(verdict, since=since)
         self._candidate, self._candidate_count = None, 0
+        if verdict.kind not in IMMEDIATE_KINDS:
+            self._judged = self._shown
+            self._carry_until = None  # news shown: nothing is carried any more
         return self._shown
+
+
+CARRIED = (
+    "cause as judged before the loop resumed: too few host samples since then to judge it again"
+)
+# What an ended run showed last that is no bottleneck of its own: the state it ended in.
+ENDED_STATES = frozenset({"outside-loop", "starting-pass", "warming-up"})
+
+
+def carry_over(verdict: Verdict, judged: Verdict) -> Verdict | None:
+    """``judged`` (the judgement before the loop was left), with ``verdict``'s figures,
+    where ``verdict`` is of its kind but cannot name a cause for want of host samples of
+    the loop as it runs now ("cause pending", "only 1 host sample"): nothing new said
+    against it. None where ``verdict`` says something: a cause, another kind, or that
+    nothing measured explains the wait."""
+    if verdict.kind != judged.kind or verdict.cause != "unknown":
+        return None
+    if judged.cause in (None, "unknown") or not awaits_samples(verdict.evidence):
+        return None
+    evidence = judged.evidence if CARRIED in judged.evidence else (CARRIED, *judged.evidence)
+    return replace(
+        judged,
+        evidence=evidence,
+        wait_share=verdict.wait_share,
+        samples_per_s=verdict.samples_per_s,
+        steps_per_s=verdict.steps_per_s,
+    )
+
+
+def ended_verdict(shown: Verdict | None, judged: Verdict | None) -> Verdict | None:
+    """What an ended run's banner and snapshot say: its bottleneck, the last judgement of
+    its loop, where what was shown last is only the state it ended in (outside the loop
+    after a last evaluation, a pass starting, warming up); "Last verdict: Outside the
+    training loop" hid what limited it. A stall or any judgement stays: how it ended."""
+    if shown is None or judged is None or shown.kind not in ENDED_STATES:
+        return shown
+    note = f"last judged in the training loop; at its end: {shown.headline}"
+    return replace(judged, evidence=(note, *judged.evidence))

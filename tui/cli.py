@@ -4,9 +4,10 @@ Exit status, kept as UNIX tools keep theirs (scripts may rely on it):
 0 a run was found (``snapshot``) or the viewer was quit; 1 no run reachable (an endpoint
 that nothing listens on, a socket that does not exist, ``snapshot`` that found no run, an
 agent that could not bind); 2 a usage error (bad arguments, no terminal for the viewer,
-the viewer not installed, an agent told to listen on the network without
-``--insecure``); 128+n stopped by signal n (129 SIGHUP, 130 SIGINT, 143 SIGTERM, 141 a
-closed pipe).
+the viewer not installed, a command told to listen on a network address without CURVE
+keys or ``--insecure``); 128+n stopped by signal n (129 SIGHUP, 130 SIGINT, 143 SIGTERM,
+141 a closed pipe), but 0 for a long-running command (agent, relay, exporter, record)
+stopped by hand with SIGINT.
 """
 
 from __future__ import annotations
@@ -43,14 +44,33 @@ INSTRUMENT_HINT = (
     "from gputop_dl import probe; for batch in probe.watch(loader): ..."
 )
 EXIT_OK, EXIT_NO_RUN, EXIT_USAGE = 0, 1, 2
-EXIT_CODES = """exit status:
+# The exit status table of a command's --help; each command shows the lines true of it
+# (README.md, "CLI reference", has all of them).
+_EXIT_HEAD = """exit status:
   0      a run was found (snapshot; or a node an agent reports on), or the
-         viewer was quit
+         viewer was quit"""
+_EXIT_NO_RUN = """
   1      no run reachable: nothing listens on the endpoint, no such socket,
-         no run found (snapshot, list), the agent could not bind
-  2      usage error: bad arguments, no terminal for the viewer, viewer not installed,
-         agent --listen on a network address without --insecure
+         no run found (snapshot, list), the agent could not bind"""
+_EXIT_USAGE = """
+  2      usage error: bad arguments, no terminal for the viewer, viewer not installed"""
+_EXIT_SIGNALS = """
   128+n  stopped by signal n: 129 SIGHUP, 130 SIGINT, 141 closed pipe, 143 SIGTERM"""
+# Commands that run until stopped and may listen on the network: agent, relay, exporter
+# (the last two take EXIT_CODES from here).
+EXIT_CODES = (
+    _EXIT_HEAD
+    + """; or the command was stopped by hand (Ctrl-C, SIGINT)"""
+    + _EXIT_NO_RUN
+    + _EXIT_USAGE
+    + """,
+         a network --listen address without CURVE keys (gputop keys) or
+         --insecure (the exporter's: without --insecure, keys or not)"""
+    + _EXIT_SIGNALS
+    + """ (not SIGINT: 0, above)"""
+)
+# The viewer, demo, snapshot and list: they listen on nothing, and SIGINT is 130.
+EXIT_CODES_CLIENT = _EXIT_HEAD + _EXIT_NO_RUN + _EXIT_USAGE + _EXIT_SIGNALS
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -226,7 +246,7 @@ def view_parser() -> argparse.ArgumentParser:
         description="A top for deep-learning training runs. With no ENDPOINT, attaches to "
         "every probe running on this host and shows this host's own panels.",
         epilog="commands: gputop demo | agent | snapshot | list | record | export | exporter | "
-        "relay | keys  (each has --help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES,
+        "relay | keys  (each has --help)\nreplay a recording: gputop FILE\n\n" + EXIT_CODES_CLIENT,
     )
     ap.add_argument(
         "endpoints",
@@ -383,7 +403,7 @@ def cmd_demo(argv: list[str]) -> int:
         description="Train a small CNN on the CPU (real PyTorch, synthetic JPEGs) with the "
         "probe, and watch it in gputop. The training stops, and its socket is removed, "
         "whenever the demo ends.",
-        epilog=EXIT_CODES,
+        epilog=EXIT_CODES_CLIENT,
         formatter_class=HelpFormatter,
     )
     ap.add_argument("--scenario", choices=SCENARIOS, default="input-bound")
@@ -607,7 +627,7 @@ def cmd_snapshot(argv: list[str]) -> int:
         description="Attach for a while, then print the runs, the host and the bottleneck "
         "verdict. For scripts, CI and terminals without a TUI. With no ENDPOINT, every "
         "probe on this host. With a recording FILE: its verdict at the end, or --at TIME.",
-        epilog=EXIT_CODES,
+        epilog=EXIT_CODES_CLIENT,
         formatter_class=HelpFormatter,
     )
     ap.add_argument(
@@ -635,7 +655,7 @@ def cmd_snapshot(argv: list[str]) -> int:
         targets = reachable("gputop snapshot", targets)
         if not targets and not remote:
             return EXIT_NO_RUN
-    from gputop_dl.tui.snapshot import Collector, render_text
+    from gputop_dl.tui.snapshot import Collector, found_runs, render_text
 
     source = None
     if remote:
@@ -644,8 +664,9 @@ def cmd_snapshot(argv: list[str]) -> int:
         local = ZmqSource(targets, discover=False, local_sampler=False) if targets else None
         source = _with_remote(local, targets, remote, args)
     collector = Collector(targets, local_sampler=not _only_remote(targets), source=source)
-    # Ctrl-C ends the wait and prints what came so far. Not time.sleep: a SIGINT the
-    # kernel hands to one of the collector's threads would not wake it.
+    # Ctrl-C ends the wait and prints what came so far, then exits 130 all the same: a
+    # script must not take a cut-short snapshot for a full one. Not time.sleep: a SIGINT
+    # the kernel hands to one of the collector's threads would not wake it.
     interrupted = StopSignals((signal.SIGINT,))
     collector.start()
     try:
@@ -657,8 +678,11 @@ def cmd_snapshot(argv: list[str]) -> int:
     print(json.dumps(snap, indent=2) if args.json else render_text(snap), flush=True)
     if not snap["runs"] and not targets and (refused := runtime_dir_refused()) is not None:
         _error("gputop snapshot", refused)
-    # An agent's node with no run is found too: its figures are what was asked for.
-    return EXIT_OK if snap["runs"] or snap["agent_only"] else EXIT_NO_RUN
+    if interrupted.received == signal.SIGINT:
+        return 128 + signal.SIGINT
+    # An agent's node with no run is found too: its figures are what was asked for. An
+    # endpoint listed for its error alone (a refused handshake) is no run reached.
+    return EXIT_OK if found_runs(snap) or snap["agent_only"] else EXIT_NO_RUN
 
 
 # -------------------------------------------------------------------------- list
@@ -666,7 +690,7 @@ def cmd_list(argv: list[str]) -> int:
     argparse.ArgumentParser(
         prog="gputop list",
         description="List the probes and agents on this host.",
-        epilog=EXIT_CODES,
+        epilog=EXIT_CODES_CLIENT,
         formatter_class=HelpFormatter,
     ).parse_args(argv)
     records = discovery.discover()

@@ -63,6 +63,9 @@ def build_snapshot(state: ViewerState) -> dict[str, Any]:
         runs.append(
             {
                 "name": run.name,
+                # An endpoint that never spoke, listed for its connection's state (why it
+                # could not be used): no host, pid or figures.
+                "placeholder": run.is_placeholder,
                 "host": run.host,
                 "pid": run.pid,
                 "rank": run.rank,
@@ -140,12 +143,20 @@ def render_text(snap: dict[str, Any]) -> str:
         lines.append(f"host {link['host']}: {link['state']}{detail}")
     for node in snap.get("agent_only", []):
         lines.append(f"node {node}: no training run (agent only)")
-    if not snap["runs"] and not snap.get("agent_only"):
+    if not found_runs(snap) and not snap.get("agent_only"):
         lines.append(
             "no training run found; instrument one with: "
             "from gputop_dl import probe; for batch in probe.watch(loader): ..."
         )
+    placeheld: set[str] = set()  # placeholders' texts, not repeated as errors
     for run in snap["runs"]:
+        if run.get("placeholder"):
+            # Only the reason: it has no host, pid or figures to print (they read
+            # "(None:None) ... 0 steps, n/a samples/s").
+            text = run["connection"] or run["state"]
+            placeheld.add(text)
+            lines.append(text if run["name"] in text else f"{run['name']}: {text}")
+            continue
         rank = f" rank {run['rank']}/{run['world_size']}" if run["rank"] is not None else ""
         lines.append(
             f"{run['name']} ({run['host']}:{run['pid']}{rank}) {run['connection']}: "
@@ -174,8 +185,13 @@ def render_text(snap: dict[str, Any]) -> str:
     for system in [snap["system"], *snap.get("systems", {}).values()]:
         if system:
             lines.extend(_system_lines(system))
-    lines.extend(f"error: {e}" for e in snap["errors"])
+    lines.extend(f"error: {e}" for e in snap["errors"] if e not in placeheld)
     return "\n".join(lines)
+
+
+def found_runs(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of ``snap`` that spoke (not an endpoint listed for its error alone)."""
+    return [run for run in snap["runs"] if not run.get("placeholder")]
 
 
 def _system_lines(system: dict[str, Any]) -> list[str]:

@@ -80,6 +80,12 @@ class ZmqSource(ThreadSource):
         self.sample_interval_s = sample_interval_s
         self.hostname = socket.gethostname()
         self._sub: Subscriber | None = None  # while the thread runs
+        # endpoint -> (why, monotonic time first seen) of a discovered run's failed
+        # handshake not reported yet: reported once a later discovery still finds the
+        # run. A run killed (-9) while its DataLoader workers still held its socket fails
+        # the viewer's reconnect mid-handshake; its record goes at the next discovery, and
+        # the failure is no problem of a live run to show for ever on the error line.
+        self._unconfirmed: dict[str, tuple[str, float]] = {}
 
     def _run(self, emit: Emit) -> None:
         sub = self._sub = Subscriber()
@@ -140,14 +146,10 @@ class ZmqSource(ThreadSource):
         # comes: disconnecting throws away what is still unread from them.
         drained = len(received) < RECEIVE_MAX
         ended = [e for e in self._ended if drained or now - e[2] >= ENDED_WAIT_MAX_S]
-        for endpoint, why in sub.refusals.items():  # once each: libzmq retries them
-            if self._refused.get(endpoint) != why:
-                self._refused[endpoint] = why
-                name = self._known.get(endpoint)
-                events.append(EndpointState(endpoint, "error", why, name))
         if self.discover and now - self._last_discover >= DISCOVER_EVERY_S:
             self._last_discover = now
             events.extend(self._rediscover(sub, self._known))
+        events.extend(self._refusals(sub, now))
         self._read_messages = 0 < len(received) < RECEIVE_MAX
         for frames in received:
             event = self._decode(frames, now)
@@ -187,6 +189,33 @@ class ZmqSource(ThreadSource):
                     local = Received(System(source_id, self._sampler.sample()), time.time())
                     self._tap_message(local.message, local.received)
                     events.append(local)
+
+    def _refusals(self, sub: Subscriber, now: float) -> list[SourceEvent]:
+        """Endpoint errors for handshakes that failed: each reason once (libzmq retries),
+        a discovered run's only once a discovery after it still finds the run, none for a
+        run whose record went (it ended: the failure was its going away)."""
+        events: list[SourceEvent] = []
+        ended = {entry[0] for entry in self._ended}
+        for endpoint, why in sub.refusals.items():
+            if self._refused.get(endpoint) == why:
+                continue
+            if endpoint in ended:
+                self._unconfirmed.pop(endpoint, None)
+                continue
+            name = self._known.get(endpoint)
+            if name is not None and endpoint not in self.endpoints:
+                seen_why, seen = self._unconfirmed.get(endpoint, (why, now))
+                if seen_why != why:
+                    seen = now
+                self._unconfirmed[endpoint] = (why, seen)
+                if self._last_discover <= seen:
+                    continue  # not yet confirmed by a discovery after it
+            self._unconfirmed.pop(endpoint, None)
+            self._refused[endpoint] = why
+            events.append(EndpointState(endpoint, "error", why, name))
+        for endpoint in [e for e in self._unconfirmed if e not in sub.refusals]:
+            del self._unconfirmed[endpoint]
+        return events
 
     def _poll_s(self, now: float) -> float:
         """How long the next poll may wait: until the next discovery or local sample

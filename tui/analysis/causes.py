@@ -23,7 +23,7 @@ process's: those rules stand aside and the others decide.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import LoaderInfo
@@ -68,6 +68,7 @@ NO_HOST_SAMPLES = (
 # Host samples are on their way (the run's probe samples the node, or the run is young):
 # the cause waits for them.
 PENDING = "cause pending"
+FEW_SAMPLES = "only"  # "only 1 host sample so far, 2 needed for a cause"
 # The node's reads are the disk rules' evidence. Where the samples carry no reads per
 # process (ProcessSample.read_bps None: an older probe, not Linux), another process's
 # reads may stand in for the loader's: said so.
@@ -119,6 +120,8 @@ class Context:
     # into the loop, else its process's start); None: unknown.
     run_age_s: float | None = None
     resumed: bool = False  # that stretch began at a re-entry into the loop or after a hang
+    # A viewer receives the run now (its probe samples once a second); None: not known.
+    watched: bool | None = None
 
     @property
     def enough_host(self) -> bool:
@@ -1040,7 +1043,9 @@ def _missing(ctx: Context) -> str:
             return _pending(ctx)
         return NO_HOST_SAMPLES
     if h.n_host_samples < MIN_SYSTEMS:
-        return f"only {h.n_host_samples} host sample so far, {MIN_SYSTEMS} needed for a cause"
+        return (
+            f"{FEW_SAMPLES} {h.n_host_samples} host sample so far, {MIN_SYSTEMS} needed for a cause"
+        )
     return (
         "nothing gputop measures explains the wait: the loader is not CPU-bound, "
         "the disk is not busy, no swap"
@@ -1051,15 +1056,33 @@ def _pending(ctx: Context) -> str:
     """Why no host sample is held yet, when they are on their way."""
     what = "host samples since the loop resumed" if ctx.resumed else "the run's first host samples"
     if ctx.samples_expected:
+        # What the viewer knows: it is connected (then the probe samples once a second
+        # for it), or it cannot tell (a recording's reader): never "no viewer" beside one.
+        rate = (
+            "once a second while a viewer is connected, as one is now"
+            if ctx.watched
+            else "once a second while a viewer is connected, every 5 s otherwise"
+        )
+        before = "the evaluation's" if ctx.resumed else "the start-up's"
+        began = "resumed" if ctx.resumed else "began"
         why = (
-            "its probe samples the node once a second, every 5 s while no viewer is "
-            "connected; a sample begun before the loop is the start-up's"
+            f"its probe samples the node {rate}; a sample begun before the loop {began} is {before}"
         )
     else:
         age = fmt.dur(ctx.run_age_s) if ctx.run_age_s is not None else "moments"
         began = "resumed" if ctx.resumed else "began"
         why = f"the loop {began} {age} ago"
     return f"{PENDING}: waiting for {what} ({why})"
+
+
+def awaits_samples(evidence: Sequence[str]) -> bool:
+    """Whether an unknown cause's evidence says only that host samples of the loop are
+    pending or too few yet (not that none come, nor that nothing measured explains it)."""
+    return any(
+        line.startswith(PENDING + ":")
+        or (line.startswith(FEW_SAMPLES + " ") and "host sample so far" in line)
+        for line in evidence
+    )
 
 
 def _unknown(ctx: Context) -> Cause:
@@ -1098,6 +1121,7 @@ def input_cause(
     passes: PassStarts | None = None,
     run_age_s: float | None = None,
     resumed: bool = False,
+    watched: bool | None = None,
 ) -> Cause:
     ctx = Context(
         host,
@@ -1109,6 +1133,7 @@ def input_cause(
         passes,
         run_age_s,
         resumed,
+        watched,
     )
     for rule in RULES:
         cause = rule(ctx)

@@ -175,6 +175,14 @@ AWAY_LONG_MIN_S = 60.0
 # --- tracker ------------------------------------------------------------------------------
 PERSIST_S = 2.0  # a new verdict must hold this long ...
 PERSIST_UPDATES = 2  # ... over at least this many consecutive updates before it is shown
+# Back in the loop (after an evaluation, a stall), the cause judged before it stands while
+# the new verdict of the same kind cannot name one for want of host samples of the loop as
+# it runs now: at most this long (HOST_SAMPLES_DUE_S: then missing samples are news).
+CARRY_S = 15.0
+# "Without the data wait" beyond this many times today's rate is no figure to act on: the
+# step's own work is a sliver of it (a sleep in __getitem__ read "+17327 %"), and the
+# loader's own rate, not the step, is the bound.
+MAX_HEADROOM_FACTOR = 10.0
 # Compute on the host (no accelerator) with its main process under this share of a core
 # while the cores it may use are full: starved of CPU by others ...
 STARVED_MAIN_PCT = 60.0

@@ -6,7 +6,7 @@ import math
 import statistics
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain, islice
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -38,6 +38,9 @@ OWN_SAMPLES_S = 120.0  # ... and none older than two minutes
 # many ways: the probe names them, a peer could name thousands.
 AWAY_SPANS_KEPT = 5
 AWAY_KINDS_KEPT = 16
+# Spans of the run's clock spent outside the loop, the newest: "samples/s now" leaves them
+# out (an evaluation's 25 s read as 0 samples/s, then a ramp, once the loop resumed).
+OUTSIDE_SPANS_KEPT = 64
 _samples = attrgetter("samples")
 _index = attrgetter("index")
 
@@ -72,6 +75,8 @@ class Run:
         self.loop: Loop | None = None  # newest Loop message, when newer than the hello's state
         self._window_hello: Hello | None = None  # hello with the loop merged, cached
         self._away_spans: dict[str, deque[float]] = {}  # how the loop was left -> seconds
+        # (left, returned) in the probe's clock, oldest first (see rate_now)
+        self.outside_spans: deque[tuple[float, float]] = deque(maxlen=OUTSIDE_SPANS_KEPT)
         self.first_received: float | None = None
         self.last_received: float | None = None
         self._points = max(1, math.ceil(history_s / BUCKET_S))
@@ -218,6 +223,14 @@ class Run:
 
     def add_loop(self, loop: Loop) -> None:
         before = self.window_hello()  # the state this message ends
+        if (
+            before is not None
+            and before.loop == "outside"
+            and before.loop_since is not None
+            and loop.state == "in-loop"
+            and loop.time > before.loop_since
+        ):
+            self.outside_spans.append((before.loop_since, loop.time))
         if (
             before is not None
             and before.loop == "outside"
@@ -411,18 +424,18 @@ class Run:
         return statistics.median(periods) if periods else None
 
     def rate_now(self) -> float | None:
-        count = round(RATE_WINDOW_S / BUCKET_S)
-        pending = self.pending[-count:]
-        points = [*islice(reversed(self.throughput.points), count - len(pending))]
-        window = [*reversed(points), *pending]
-        unit = self.unit
-        covered = total = 0.0
-        for point in window:
-            rate = point.rate(unit)
-            if rate is not None:
-                covered += point.covered_s
-                total += rate * point.covered_s
-        return total / covered if covered > 0 else None
+        """Samples (or steps) a second over the last RATE_WINDOW_S of the loop's own time:
+        the newest points, pending ones too (a stall is time without progress), less the
+        time outside the loop (an evaluation is no time of the loop's). Right after the loop
+        resumed the window reaches back to the points before it left: the last in-loop
+        rate, not 0 and a ramp while new steps fill the window."""
+        points = [*self.throughput.points, *self.pending] if self.pending else None
+        return loop_rate(
+            reversed(points) if points is not None else reversed(self.throughput.points),
+            self.unit,
+            self.outside_spans,
+            RATE_WINDOW_S,
+        )
 
     def rate_avg(self) -> float | None:
         """Samples (or steps) a second over the training loop's own time, the steps'
@@ -451,3 +464,41 @@ class Run:
             wait / wait_covered if wait_covered > 0 else None,
             device / device_covered if device_covered > 0 else None,
         )
+
+
+def outside_overlap(start: float, end: float, spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds of [start, end] inside the spans outside the loop."""
+    total = 0.0
+    for left, returned in spans:
+        if returned > start and left < end:
+            total += min(end, returned) - max(start, left)
+    return total
+
+
+def loop_rate(
+    newest_first: Iterable[ThroughputPoint],
+    unit: str,
+    outside: Sequence[tuple[float, float]],
+    window_s: float,
+) -> float | None:
+    """The rate over the newest ``window_s`` seconds of the loop's own time: each point's
+    time less its part outside the loop (``outside``: (left, returned) spans). A point
+    wholly outside counts nothing; the scan goes on past it to the loop's earlier
+    points. None when no point has a rate."""
+    covered = total = 0.0
+    for point in newest_first:
+        rate = point.rate(unit)
+        if rate is None:
+            continue
+        time = point.covered_s
+        if outside:
+            away = outside_overlap(point.end - BUCKET_S, point.end, outside)
+            # The steps of a point lie in the loop's time: its samples over that time.
+            time = min(time, BUCKET_S - away)
+        if time <= 1e-9:
+            continue
+        covered += time
+        total += rate * point.covered_s
+        if covered >= window_s - 1e-9:
+            break
+    return total / covered if covered > 0 else None

@@ -394,7 +394,7 @@ class ViewerState:
                     due.append(source)
             elif source.verdict is None and source.steps and connection.state != LIVE:
                 # Never seen live (attached late): judge it as of its last message, once.
-                source.verdict = self._analyze(source, source.last_received or now)
+                source.verdict = self._analyze(source, source.last_received or now, live=False)
         first_time = [s for s in due if s.verdict is None or s.source_id == shown]
         others = sorted(
             (s for s in due if s.verdict is not None and s.source_id != shown),
@@ -532,11 +532,17 @@ class ViewerState:
             return ()  # outside the loop no step is late: its time is in no point
         typical = source.typical_period() or 0.0
         probe_now = source.probe_time(now)
-        if probe_now - last_end < max(STALL_MIN_S, 2.0 * typical):
+        # Late from the later of the last step and the loop's re-entry: the time outside
+        # it (an evaluation) was no step's to take (its pending zeros read "0.00 samples/s"
+        # the moment the loop resumed).
+        hello = source.window_hello()
+        entered = hello.loop_since if hello is not None and hello.loop == "in-loop" else None
+        since = last_end if entered is None else max(last_end, entered)
+        if probe_now - since < max(STALL_MIN_S, 2.0 * typical):
             return ()
         return source.throughput.pending_points(probe_now)
 
-    def _analyze(self, source: Run, now: float) -> Verdict:
+    def _analyze(self, source: Run, now: float, live: bool = True) -> Verdict:
         """The run's verdict as of ``now`` (viewer clock). The analyzer compares times
         with the probe's steps and samples, so it is given ``now`` in the probe's clock;
         the tracker, whose times the banner shows, stays in the viewer's."""
@@ -558,11 +564,13 @@ class ViewerState:
             run_from=source.first_start,
             whole_passes=source.whole_passes,
             usual_away=source.usual_away(hello.loop_exit if hello is not None else None),
+            # Judged live, this viewer receives the run: its probe samples once a second.
+            watched=live,
         )
         try:
             # The verdict shown is passed back: a condition it holds is left only below
             # the analyzer's exit threshold (hysteresis), not at its entry threshold.
-            verdict = package.analyze(window, previous=source.tracker.shown)
+            verdict = package.analyze(window, previous=source.tracker.basis)
             return source.tracker.update(verdict, now)
         except Exception as exc:  # a bug in the analyzer must not take the viewer down
             text = f"analyzer failed: {type(exc).__name__}: {exc}"
@@ -595,6 +603,8 @@ class ViewerState:
         return [evolve(s, processes=processes) for s in samples]
 
     def _summary(self, source: Run, connection: Connection, label: str, now: float) -> RunSummary:
+        from gputop_dl.tui.analyzer import ended_verdict  # as _analyze: imported when used
+
         hello = source.window_hello()
         wait_share, device_share = source.shares()
         return RunSummary(
@@ -619,7 +629,10 @@ class ViewerState:
             wait_share_now=wait_share,
             device_busy_now=device_share,
             connection=connection,
-            verdict=source.verdict,
+            # An ended run's bottleneck, not the state it ended in (outside the loop).
+            verdict=ended_verdict(source.verdict, source.tracker.judged)
+            if connection.state in (EXITED, LOST) and source.tracker is not None
+            else source.verdict,
             loader=hello.loader if hello is not None else None,
             timing=hello.timing if hello is not None else None,
             timing_note=hello.timing_note if hello is not None else None,

@@ -202,9 +202,11 @@ class Banner(Panel):
     def _verdict_lines(self, run: RunSummary, verdict: Verdict, width: int) -> list[Group]:
         state = run.connection.state
         prefix = ""
-        if state == "exited":
+        if state in ("exited", "lost"):
+            # The run ended: its bottleneck as last judged in its loop (ended_verdict),
+            # said as the past, not the state it ended in.
             prefix = f"{run.connection.text}. Last verdict: "
-        elif state in ("stale", "lost") and run.connection.age_s is not None:
+        elif state == "stale" and run.connection.age_s is not None:
             prefix = f"(as of {fmt_duration(run.connection.age_s)} ago) "
         kind = verdict.kind.replace("-", " ").upper()
         if verdict.headline.replace("-", " ").upper().startswith(kind):
