@@ -631,3 +631,14 @@ def test_a_run_refused_as_incompatible_is_followed_too() -> None:
     news = state.follow_new_runs()
     assert news is not None and news.switched
     assert state.selected is not None and state.selected.name == "train-b"
+
+
+async def test_with_no_run_and_no_host_sampled_the_banner_says_so() -> None:
+    """`gputop --no-local` with no probe: nothing samples a node. The banner read "No
+    training run attached: showing." (a new user's audit, 2026-12-07)."""
+    app = GputopApp(FakeSource(), local_host=HOST, clock=FrozenClock(NOW))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        shown = flat("\n".join(screen_rows(app)))
+        assert "No training run attached, and no node sampled yet." in shown, shown
+        assert "showing." not in shown

@@ -140,9 +140,10 @@ class Banner(Panel):
                 self._hint("Instrument a script:"),
             )
         if run is None:
-            where = f" {self.host}" if self.host else ""
+            # No host: nothing samples one (`--no-local`, or before the first sample).
+            what = f": showing {self.host}" if self.host else ", and no node sampled yet"
             return in_order(
-                self._headline("info", "NO PROBE", f"No training run attached: showing{where}."),
+                self._headline("info", "NO PROBE", f"No training run attached{what}."),
                 self._hint("Instrument a script:"),
             )
         if run.is_placeholder:
