@@ -12,7 +12,6 @@ The app is fed by a FakeSource, the clock frozen, as in tests/test_app.py.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,8 +29,6 @@ from fakes_tui import (
     step_records,
     steps_events,
 )
-from rich.console import Console
-from rich.segment import Segment
 from rich.text import Text
 from textual.pilot import Pilot
 
@@ -50,7 +47,7 @@ from gputop_dl.tui.widgets.base import Panel
 from gputop_dl.tui.widgets.fold import Scroll, more_text
 from gputop_dl.tui.widgets.header import ReplayMark, new_runs_text, replay_text
 from tests.recordings import fault_run, write_events
-from tests.test_app import FrozenClock, make_app
+from tests.test_app import FrozenClock, make_app, screen_cells
 
 NOW = T0 + 60.0
 X = "\u00d7"  # the times sign: "replay x2" on screen, with this sign for the x
@@ -75,19 +72,7 @@ async def feed(pilot: Pilot[None], source: FakeSource, events: Iterable[SourceEv
 
 def screen_rows(app: GputopApp) -> list[str]:
     """The terminal's rows as plain text (what the user reads)."""
-    console = Console(
-        width=app.size.width,
-        height=app.size.height,
-        file=io.StringIO(),
-        force_terminal=True,
-        color_system="truecolor",
-        record=True,
-        legacy_windows=False,
-        safe_box=False,
-    )
-    console.print(app.screen._compositor.render_update(full=True))
-    lines = Segment.split_lines(console._record_buffer)
-    return ["".join(s.text for s in line if not s.control) for line in lines]
+    return ["".join(ch for ch, _ in row) for row in screen_cells(app)]
 
 
 def flat(text: str) -> str:
