@@ -429,13 +429,9 @@ class Run:
         time outside the loop (an evaluation is no time of the loop's). Right after the loop
         resumed the window reaches back to the points before it left: the last in-loop
         rate, not 0 and a ramp while new steps fill the window."""
-        points = [*self.throughput.points, *self.pending] if self.pending else None
-        return loop_rate(
-            reversed(points) if points is not None else reversed(self.throughput.points),
-            self.unit,
-            self.outside_spans,
-            RATE_WINDOW_S,
-        )
+        # Newest first, without copying the whole history every refresh.
+        newest_first = chain(reversed(self.pending), reversed(self.throughput.points))
+        return loop_rate(newest_first, self.unit, self.outside_spans, RATE_WINDOW_S)
 
     def rate_avg(self) -> float | None:
         """Samples (or steps) a second over the training loop's own time, the steps'
