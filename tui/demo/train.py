@@ -322,7 +322,11 @@ def _remove_own_socket() -> None:
 
 
 def _train(args: argparse.Namespace, launched: float) -> int:
-
+    if not args.no_probe:
+        # Started before the data is made (by default the probe starts at the first
+        # probe.watch(), after it): meanwhile the viewer shows the run, no step yet, and
+        # the CPU making the data, not an endpoint that sent nothing.
+        probe.default()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     loader, model = build(args.scenario, Path(args.data_dir), args.batch_size)

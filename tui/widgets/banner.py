@@ -36,8 +36,18 @@ MAX_WRAP = 4  # lines one bullet may take before it is cut (a sentence, not a pa
 # it: the innermost frame, and the user's own innermost frame when the stack names it
 # (else the next frame).
 MAX_DETAIL = 2
+# How long "nothing received yet" goes without the hint to instrument a script: before
+# that it is as likely a script still importing torch or building its loader (the demo's
+# probe speaks ~3 s after its launch). See Banner._hint_due.
+HINT_AFTER_S = 10.0
 # Which lines stay when the rows are capped: lower first (see fit_rows).
 HEADLINE, JOB, FIRST_ADVICE, HEADROOM, MORE_ADVICE, EVIDENCE, NOTE = range(7)
+
+# Verdicts whose headline gives the condition's own duration ("Stalled: no step for 2 min",
+# "Outside the training loop for 25 s", "No step for 40 s in the training loop",
+# "Starting a pass: no batch for 12 s"): no second duration beside it (held_for). The
+# untimed "Warming up: 3 of 5 steps" goes without it too: the header gives the uptime.
+TIMED_KINDS = frozenset({"stalled", "outside-loop", "warming-up", "starting-pass"})
 
 Group = tuple[int, list[Text]]  # (priority, lines): lines that go or stay together
 
@@ -64,6 +74,10 @@ class Banner(Panel):
         self._set_severity("info")
         self.job_text: str | None = None  # the selected run's job verdict (a job of > 1 rank)
         self.max_rows: int | None = None  # set by the app on a small terminal
+        # (what the banner waits on: a placeholder's key, None for nothing heard at all;
+        # since when): see _hint_due
+        self._waiting: tuple[str | None, float] | None = None
+        self.hint_due = False  # the hint under "nothing received yet" (_hint_due)
 
     def show(
         self,
@@ -74,12 +88,40 @@ class Banner(Panel):
         agent_only: Sequence[str] = (),
     ) -> None:
         agent_only = tuple(agent_only)
-        if self.unchanged(*_shown_of(run, now), host, job_text, agent_only):
+        hint_due = self._hint_due(run, host, agent_only, now)
+        if self.unchanged(*_shown_of(run, now), host, job_text, agent_only, hint_due):
             return  # the same lines: not even built again (a refresh comes every second)
         self.run, self.host, self.now, self.job_text = run, host, now, job_text
+        self.hint_due = hint_due
         self.agent_only = agent_only
         self._set_severity(self._severity())
         self.changed()
+
+    def _hint_due(
+        self, run: RunSummary | None, host: str | None, agent_only: tuple[str, ...], now: float
+    ) -> bool:
+        """Whether the "instrument a script" hint goes under "nothing received yet".
+
+        Nothing heard is what every instrumented script looks like at first: its probe
+        starts at its first ``probe.watch()``, after its imports and its set-up. So while
+        the viewer has heard of nothing at all (no run, no node) or an endpoint it listens
+        to sent nothing, the hint waits HINT_AFTER_S (again for another endpoint shown);
+        it never comes for an endpoint a probe registered itself (named by its discovery
+        record: the probe is there, silent so far). Elsewhere: True."""
+        key: str | None
+        if run is None and host is None and not agent_only:
+            key = None
+        elif run is not None and run.is_placeholder and run.connection.state != "error":
+            if run.name != run.endpoint:
+                self._waiting = None
+                return False
+            key = run.key
+        else:
+            self._waiting = None
+            return True
+        if self._waiting is None or self._waiting[0] != key:
+            self._waiting = (key, now)
+        return now - self._waiting[1] >= HINT_AFTER_S
 
     def _set_severity(self, severity: str) -> None:
         self.severity = severity
@@ -142,18 +184,18 @@ class Banner(Panel):
         if run is None:
             # No host: nothing samples one (`--no-local`, or before the first sample).
             what = f": showing {self.host}" if self.host else ", and no node sampled yet"
-            return in_order(
-                self._headline("info", "NO PROBE", f"No training run attached{what}."),
-                self._hint("Instrument a script:"),
-            )
+            none = self._headline("info", "NO PROBE", f"No training run attached{what}.")
+            if not self.hint_due:
+                return in_order(none)
+            return in_order(none, self._hint("Instrument a script:"))
         if run.is_placeholder:
             if run.connection.state == "error":
                 return in_order(self._headline("critical", "NO CONNECTION", run.connection.text))
             where = run.name if run.name == run.endpoint else f"{run.name} at {run.endpoint}"
-            return in_order(
-                self._headline("info", "WAITING", f"{where}: nothing received yet."),
-                self._hint("Not instrumented yet?"),
-            )
+            waiting = self._headline("info", "WAITING", f"{where}: nothing received yet.")
+            if not self.hint_due:
+                return in_order(waiting)
+            return in_order(waiting, self._hint("Not instrumented yet?"))
         state = run.connection.state
         if state == "incompatible":
             theirs = f"{run.theirs[0]}.{run.theirs[1]}" if run.theirs else "another version"
@@ -216,9 +258,9 @@ class Banner(Panel):
         right = ""
         if wide:
             facts = []
-            since: float | None = getattr(verdict, "since", None)
-            if since is not None and state == "live" and self.now - since >= 1.0:
-                facts.append(f"for {fmt_duration(self.now - since)}")
+            held = held_for(verdict, state, self.now)
+            if held is not None:
+                facts.append(f"for {held}")
             if verdict.confidence > 0:
                 facts.append(f"confidence {fmt_share(verdict.confidence)}")
             right = " · ".join(facts)
@@ -336,6 +378,18 @@ def shown_details(details: list[str]) -> list[str]:
     return [*details[: MAX_DETAIL - len(user[:1])], *user[:1]]
 
 
+def held_for(verdict: Verdict, state: str, now: float) -> str | None:
+    """How long a live run's verdict has been shown ("3m05s"), said beside its headline;
+    None under a second, for a run not live, and for the verdicts whose headline says how
+    long the condition has lasted ("Outside the training loop for 25 s"): the time shown
+    starts once the condition was judged, a few seconds later, and the two read as two
+    answers to one question ("for 25 s ... for 24s")."""
+    since: float | None = getattr(verdict, "since", None)
+    if since is None or state != "live" or now - since < 1.0 or verdict.kind in TIMED_KINDS:
+        return None
+    return fmt_duration(now - since)
+
+
 def _shown_of(run: RunSummary | None, now: float) -> tuple[object, ...]:
     """What of ``run`` and ``now`` the banner shows: a run summary changes at every
     refresh (rates, ages), its banner far less often. Anything the lines read must be
@@ -346,8 +400,7 @@ def _shown_of(run: RunSummary | None, now: float) -> tuple[object, ...]:
     live = connection.state == "live"
     # "(as of 12s ago)" of a run no longer live; "for 3m05s" of a live run's verdict
     age = None if live or connection.age_s is None else fmt_duration(connection.age_s)
-    since: float | None = getattr(run.verdict, "since", None)
-    held = fmt_duration(now - since) if live and since is not None and now - since >= 1.0 else None
+    held = held_for(run.verdict, connection.state, now) if run.verdict is not None else None
     return (
         run.key,
         run.name,

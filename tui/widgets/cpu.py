@@ -13,7 +13,7 @@ from gputop_dl.probe.samples import CgroupSample, CpuCore, CpuSample, TrainingPr
 from gputop_dl.tui.format import TIMES, bar_eighths, fmt_pct
 from gputop_dl.tui.widgets.base import MAX_BARS, Panel, Part, assemble, trusted_text
 
-SATURATED_PCT = 90.0  # a worker this busy (of one core) cannot go faster
+MAX_SHARES = 16  # workers whose CPU the line lists, busiest first; the rest counted
 SUMMARY_BAR = 12  # the all-cores bar of the compact form
 IOWAIT_SHOWN_PCT = 1.0  # the compact form names iowait only from this share on
 CORE_PARTS = ["cpu--user", "cpu--system", "cpu--iowait", "cpu--steal"]
@@ -195,17 +195,23 @@ class CpuPanel(Panel):
         main = next((p for p in processes.processes if p.role == "main"), None)
         line = Text()
         if workers:
-            saturated = processes.saturated_workers
-            style = self.style("panel--warning") if saturated == len(workers) else ""
-            line.append(f"DataLoader: {len(workers)} workers", self.style("panel--label"))
-            line.append(f", {saturated} at ≥{SATURATED_PCT:.0f} % of a core", style)
-            if figures:
-                busiest = sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:16]
-                shares = (fmt_pct(w.cpu_pct, compact=True).removesuffix("%") for w in busiest)
-                line.append(f" ({' '.join(shares)}", style)
-                if len(workers) > 16:
-                    line.append(f" +{len(workers) - 16}", self.style("panel--dim"))
-                line.append(" %)", style)
+            count, saturated = len(workers), processes.saturated_workers
+            style = self.style("panel--warning") if saturated >= count else ""
+            noun = "worker" if count == 1 else "workers"
+            line.append(f"DataLoader: {count} {noun}", self.style("panel--label"))
+            if all(w.cpu_pct is None for w in workers):
+                # new workers' first sample (each pass, without persistent_workers): no
+                # interval to measure their CPU over yet, so nothing to say about it
+                line.append(", CPU not measured yet", self.style("panel--dim"))
+            else:
+                line.append(f", {saturation_words(count, saturated)}", style)
+                if figures:
+                    busiest = sorted(workers, key=lambda p: -(p.cpu_pct or 0.0))[:MAX_SHARES]
+                    shares = ", ".join(fmt_pct(w.cpu_pct, compact=True) for w in busiest)
+                    line.append(f" ({shares}", style)
+                    if count > MAX_SHARES:
+                        line.append(f" +{count - MAX_SHARES} more", self.style("panel--dim"))
+                    line.append(")", style)
         else:
             # The loader's own setting is the banner's to state (the probe reports it, or
             # says it is unknown): here only what the process table shows.
@@ -219,3 +225,17 @@ class CpuPanel(Panel):
             line.append(f" · {len(others)} {children} ", self.style("panel--dim"))
             line.append(fmt_pct(sum(p.cpu_pct or 0.0 for p in others), compact=True))
         return line
+
+
+def saturation_words(count: int, saturated: int) -> str:
+    """How many of ``count`` DataLoader workers are saturated (the probe's count of those
+    at >= 90 % of a core: they cannot go faster), in words read at a glance: "none
+    saturated", "2 saturated", "all saturated"; "saturated" or "not saturated" for a lone
+    worker. A bare count read as a riddle: "0 at ≥90 % of a core (1 1 %)"."""
+    if count == 1:
+        return "saturated" if saturated else "not saturated"
+    if saturated <= 0:
+        return "none saturated"
+    if saturated >= count:
+        return "all saturated"
+    return f"{saturated} saturated"

@@ -35,8 +35,9 @@ HELP_TEXT = f"""\
 - **Accelerators**: per GPU/HPU utilisation and memory bars, temperature, power/limit,
   SM clock, PCIe receive/transmit. `n/a` means the driver did not report it.
 - **CPU**: one stacked bar per core: user, system, **iowait**, steal. The line above
-  shows the DataLoader workers' CPU (`4 at ≥90 % of a core (98 97 96 95 %)`): workers
-  that busy cannot go faster.
+  shows the DataLoader workers' CPU, each in % of one core, busiest first
+  (`4 workers, all saturated (98%, 97%, 96%, 95%)`, `2 workers, none saturated (5%, 3%)`):
+  a worker at ≥90 % of a core is saturated and cannot go faster.
 - **Memory**: RAM used/cache/available, swap and its in/out rate, pressure (PSI) and
   container limits.
 - **Disk**: read/write and busy % per device; `◆` marks the device holding the data.
