@@ -31,6 +31,7 @@ from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.host import HostStats, is_network_fs
 from gputop_dl.tui.analysis.passes import LoaderStarts, PassStarts
 from gputop_dl.tui.analysis.thresholds import (
+    CPU_FULL_ENTER_SHARE,
     CPU_QUOTA_ENTER_PCT,
     CPU_QUOTA_EXIT_PCT,
     DISK_BUSY_ENTER,
@@ -48,6 +49,7 @@ from gputop_dl.tui.analysis.thresholds import (
     LOADER_OWN_READS_LOW_BPS,
     LOADER_OWN_READS_LOW_SHARE,
     MIN_SYSTEMS,
+    MIN_WORKER_CORES,
     NET_RX_HIGH_BPS,
     NO_IDLE_CORE,
     OTHER_NAMED_MIN_PCT,
@@ -233,6 +235,24 @@ class Context:
         return self.io_active and not self.reads_elsewhere
 
 
+# Causes that say the cores are full: once shown, the median of the samples holds them.
+CPU_FULL_CAUSES = frozenset({"cpu-contention", "cpu-workers"})
+
+
+def cpu_full(ctx: Context, below: float) -> bool:
+    """Fewer than ``below`` idle core-equivalents among the cores this run may use: by the
+    median of the window's host samples, and (unless a full-CPU cause is shown already)
+    in CPU_FULL_ENTER_SHARE of them. A burst of another process's (a run starting
+    beside this one) fills the cores in a few samples: it is no contention to act on."""
+    h = ctx.host
+    if h.free_cores is None or h.free_cores >= below:
+        return False
+    if ctx.previous_cause in CPU_FULL_CAUSES or not h.free_cores_seen:
+        return True
+    full = sum(1 for free in h.free_cores_seen if free < below)
+    return full >= CPU_FULL_ENTER_SHARE * len(h.free_cores_seen)
+
+
 def own_reads_small(h: HostStats) -> bool:
     """The loading processes read from storage under LOADER_OWN_READS_LOW_BPS and under
     LOADER_OWN_READS_LOW_SHARE of what the node reads (any share when that is unknown);
@@ -279,24 +299,34 @@ def find_on_cores(h: HostStats) -> str:
 
 
 def suggest_workers(
-    current: int, free_cores: float | None, usable: float | None = None
+    current: int,
+    free_cores: float | None,
+    usable: float | None = None,
+    worker_cores: float | None = None,
 ) -> tuple[int, int]:
     """A num_workers range to try, bounded by the idle cores and by the cores this process
     may use (its affinity and quota).
+
+    ``worker_cores``: what one worker uses, measured, where the workers wait rather than
+    compute (a remote store, a sleep: well under a core each). Those bounds are then on
+    the workers' CPU, not their count: a worker asleep holds no core, and 1 worker at
+    3 % of a core on 2 cores was told "num_workers=2" where 3-5 overlap more waits. None:
+    a core each (CPU-bound, or not measured).
 
     At most +4 from zero (or doubling from more): the loader's need is unknown, and every
     worker costs RAM; the user raises further if the wait persists.
     """
     step_cap = max(4, current)
+    cost = 1.0 if worker_cores is None else max(worker_cores, MIN_WORKER_CORES)
     if free_cores is None:
         lo, hi = max(2, current + 1), current + step_cap
     else:
         # Half an idle core is worth a worker; moving the loading off the main process
         # (from 0 workers) frees the main process's own time.
-        room = max(1, round(free_cores))
+        room = max(1, round(free_cores / cost))
         lo, hi = current + min(2, room), current + min(room, step_cap)
     if usable is not None:
-        cap = max(current + 1, int(usable))
+        cap = max(current + 1, int(usable / cost))
         lo, hi = min(lo, cap), min(hi, cap)
     return lo, hi
 
@@ -729,11 +759,13 @@ def _reads_little(ctx: Context) -> str:
     return "and the node reads little"
 
 
-def _workers_advice(ctx: Context, current: int) -> tuple[tuple[str, ...], float | None, int]:
+def _workers_advice(
+    ctx: Context, current: int, worker_cores: float | None = None
+) -> tuple[tuple[str, ...], float | None, int]:
     """The advice, the CPU cores the loading would then have (for the headroom), and the
-    most workers it advises."""
+    most workers it advises (``worker_cores``: see suggest_workers)."""
     h = ctx.host
-    lo, hi = suggest_workers(current, h.free_cores, h.usable_cores)
+    lo, hi = suggest_workers(current, h.free_cores, h.usable_cores, worker_cores)
     knob = knobs.knob(ctx.framework, "num_workers", fmt.worker_range(lo, hi))
     loader = ctx.loader
     if loader is not None and loader.num_workers is None and not knobs.is_dataloader(loader):
@@ -794,8 +826,7 @@ def _cpu(ctx: Context) -> Cause | None:
         cpu = ctx.loader_cpu_pct
         if (
             ctx.enough_host
-            and h.free_cores is not None
-            and h.free_cores < NO_IDLE_CORE
+            and cpu_full(ctx, NO_IDLE_CORE)
             and (cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT)
         ):
             # A worker would load on a core that is not there: none of the cores this
@@ -842,7 +873,7 @@ def _cpu(ctx: Context) -> Cause | None:
     if workers is None:
         return _single_threaded(ctx)
     if ctx.loader_cpu_bound:
-        if h.free_cores is not None and h.free_cores >= FREE_CORES_FOR_WORKERS:
+        if h.free_cores is not None and not cpu_full(ctx, FREE_CORES_FOR_WORKERS):
             advice, after, _ = _workers_advice(ctx, workers)
             return Cause(
                 "few-workers",
@@ -854,7 +885,7 @@ def _cpu(ctx: Context) -> Cause | None:
                 after,
             )
         return _cpu_workers(ctx, 0.85, f"every loader worker is CPU-bound with {cores_text(h)}")
-    if ctx.enough_host and h.free_cores is not None and h.free_cores < HOST_CPU_FULL_FREE_CORES:
+    if ctx.enough_host and cpu_full(ctx, HOST_CPU_FULL_FREE_CORES):
         return _contention(ctx) or _cpu_workers(ctx, 0.7, f"{_cores_full(h)} are full")
     return _waiting_workers(ctx, workers)
 
@@ -871,7 +902,7 @@ def _waiting_workers(ctx: Context, workers: int) -> Cause | None:
         return None
     if cpu >= LOADER_BLOCKED_CPU_PCT or h.free_cores is None:
         return None
-    if h.free_cores < HOST_CPU_FULL_FREE_CORES:  # no core for another one (said above)
+    if cpu_full(ctx, HOST_CPU_FULL_FREE_CORES):  # no core for another one (said above)
         return None
     count = h.worker_count
     noun = "worker" if count == 1 else "workers"
@@ -881,7 +912,8 @@ def _waiting_workers(ctx: Context, workers: int) -> Cause | None:
         f"waits for its batches, {_reads_little(ctx)}: the loading waits (a remote "
         "store, a lock, a sleep) rather than computes; more workers overlap the waits"
     )
-    advice, _, most = _workers_advice(ctx, workers)
+    # Each of them uses `cpu` of a core: so many more fit the idle cores (not one a core).
+    advice, _, most = _workers_advice(ctx, workers, cpu / 100.0)
     advice = (f"more workers overlap the waits: {advice[0]}", *advice[1:])
     return Cause(
         "few-workers",
@@ -998,7 +1030,7 @@ def _single_threaded(ctx: Context) -> Cause | None:
     h = ctx.host
     if h.main_cpu_pct is None or h.main_cpu_pct < PROCESS_SATURATED_PCT:
         return None
-    if h.free_cores is None or h.free_cores < FREE_CORES_FOR_WORKERS:
+    if h.free_cores is None or cpu_full(ctx, FREE_CORES_FOR_WORKERS):
         return None
     return Cause(
         "few-workers",

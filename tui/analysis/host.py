@@ -34,7 +34,7 @@ class HostStats:
     iowait_cores: float | None
     main_cpu_pct: float | None  # the busiest "main" training process, percent of a core
     worker_count: int | None  # worker processes seen (None: no process figures)
-    saturated_workers: int | None
+    saturated_workers: int | None  # of those, at >= PROCESS_SATURATED_PCT
     worker_cpu_pct: float | None  # mean over workers, percent of one core
     worker_cpu_cores: float | None  # all workers together, in cores
     training_cpu_cores: float | None  # all training processes together
@@ -56,6 +56,10 @@ class HostStats:
     quota_cores: float | None
     data_fs_type: str | None
     net_rx_bps: float | None  # all interfaces but loopback
+    # The idle core-equivalents of each host sample (quota-capped), oldest first: how
+    # many of them show the CPU full, not only their median (a foreign burst of a few
+    # seconds -- a process importing torch -- fills the cores in a few samples only).
+    free_cores_seen: tuple[float, ...] = ()
 
 
 def is_network_fs(fs_type: str | None) -> bool:
@@ -126,9 +130,16 @@ def _mains(s: SystemSample, scope: Scope) -> list[ProcessSample]:
 
 def _workers(s: SystemSample, scope: Scope) -> list[ProcessSample]:
     """The DataLoader workers: the loader's own pids when the probe reported them (compiler
-    or logger children are not workers), else the sampler's "worker" role."""
-    if scope.worker_pids is not None:
-        return [p for p in _own(s) if p.pid in scope.worker_pids]
+    or logger children are not workers), else the sampler's "worker" role. Also where
+    none of the reported pids is in the sample: workers started again each epoch have
+    new pids, which the sampler marks as it samples while the hello still lists the pass
+    before's (a sample of them read "0 workers": the cause flipped to unknown at every
+    epoch's turn)."""
+    if scope.worker_pids is None:
+        return [p for p in _own(s) if p.role == "worker"]
+    mine = [p for p in _own(s) if p.pid in scope.worker_pids]
+    if mine or not scope.worker_pids:  # (none reported: num_workers=0)
+        return mine
     return [p for p in _own(s) if p.role == "worker"]
 
 
@@ -143,10 +154,11 @@ def _worker_cpu(s: SystemSample, scope: Scope) -> float | None:
 
 
 def _worker_cores(s: SystemSample, scope: Scope) -> float | None:
-    if s.processes is None:
-        return None
+    """All workers' CPU, in cores; None where no worker has a figure: between two passes'
+    workers, or their first sample (a pid's CPU is known from its second), which is no
+    "0 cores"."""
     known = [p.cpu_pct for p in _workers(s, scope) if p.cpu_pct is not None]
-    return sum(known) / 100.0
+    return sum(known) / 100.0 if known else None
 
 
 def _loader_reads(s: SystemSample, scope: Scope) -> float | None:
@@ -161,18 +173,21 @@ def _loader_reads(s: SystemSample, scope: Scope) -> float | None:
     return sum(rate for rate in rates if rate is not None)
 
 
-def _training_cores(s: SystemSample) -> float | None:
-    known = [p.cpu_pct for p in _own(s) if p.cpu_pct is not None]
-    return sum(known) / 100.0 if known else None
+def _training_cores(s: SystemSample) -> tuple[float | None, bool]:
+    """The training processes' CPU in cores, and whether every one of them had a figure
+    (workers just started again have none yet: the sum is then a lower bound)."""
+    own = _own(s)
+    known = [p.cpu_pct for p in own if p.cpu_pct is not None]
+    return (sum(known) / 100.0 if known else None), len(known) == len(own)
 
 
 def _saturated(s: SystemSample, scope: Scope) -> float | None:
-    if s.processes is None:
+    """The share of the workers with a CPU figure that are saturated; None where none has
+    one (no workers, or only just started: they must not read as "none saturated")."""
+    known = [w.cpu_pct for w in _workers(s, scope) if w.cpu_pct is not None]
+    if not known:
         return None
-    workers = _workers(s, scope)
-    return float(
-        sum(1 for w in workers if w.cpu_pct is not None and w.cpu_pct >= PROCESS_SATURATED_PCT)
-    )
+    return sum(1 for cpu in known if cpu >= PROCESS_SATURATED_PCT) / len(known)
 
 
 def _others(samples: Sequence[SystemSample]) -> tuple[tuple[str, float], ...] | None:
@@ -184,7 +199,14 @@ def _others(samples: Sequence[SystemSample]) -> tuple[tuple[str, float], ...] | 
         if top is None:
             continue
         own = {p.pid for p in _own(s)}
-        others = [(f"{p.name} (pid {p.pid})", p.cpu_pct) for p in top if p.pid not in own]
+        # A child of the training's is its own: the table may be older than the sample
+        # (its walk is spaced by its cost) and list the workers of the pass before, gone
+        # from the sample's processes since -- they read as "other consumers".
+        others = [
+            (f"{p.name} (pid {p.pid})", p.cpu_pct)
+            for p in top
+            if p.pid not in own and p.ppid not in own
+        ]
         known = [(name, cpu) for name, cpu in others if cpu is not None]
         return tuple(sorted(known, key=lambda o: -o[1]))
     return None
@@ -251,8 +273,9 @@ class SampleFigures:
     pinned_cores: float | None
     iowait_cores: float | None
     training_cores: float | None
+    training_complete: bool  # every training process had a CPU figure (else a lower bound)
     worker_count: int | None  # None: no process figures
-    saturated_workers: float | None
+    saturated_share: float | None  # of the workers with a CPU figure; None: none has one
     main_cpu_pct: float | None
     worker_cpu_pct: float | None
     worker_cpu_cores: float | None
@@ -263,6 +286,7 @@ class SampleFigures:
 def sample_figures(s: SystemSample, scope: Scope) -> SampleFigures:
     cores = _cores(s, scope)
     has_cores = s.cpu is not None and bool(s.cpu.cores)
+    training, complete = _training_cores(s)
     return SampleFigures(
         node_cores=len(s.cpu.cores) if s.cpu is not None and has_cores else None,
         usable_cores=len(cores) if has_cores else None,
@@ -270,9 +294,10 @@ def sample_figures(s: SystemSample, scope: Scope) -> SampleFigures:
         idle=tuple((c.index, 100.0 - c.busy_pct) for c in cores if c.busy_pct is not None),
         pinned_cores=_pinned_cores(s, scope),
         iowait_cores=_iowait_cores(s, scope),
-        training_cores=_training_cores(s),
+        training_cores=training,
+        training_complete=complete,
         worker_count=len(_workers(s, scope)) if s.processes is not None else None,
-        saturated_workers=_saturated(s, scope),
+        saturated_share=_saturated(s, scope),
         main_cpu_pct=_main_cpu(s, scope),
         worker_cpu_pct=_worker_cpu(s, scope),
         worker_cpu_cores=_worker_cores(s, scope),
@@ -369,10 +394,11 @@ def host_stats(
     quota = scope.quota_cores
     if quota is None:
         quota = next((s.cgroup.cpu_quota_cores for s in reversed(sampled) if s.cgroup), None)
-    training = _median([f.training_cores for f in every])
-    workers = [f.worker_count for f in every if f.worker_count is not None]
-    saturated = _median([f.saturated_workers for f in every])
+    workers = _worker_count_of(every)
+    training = _training_of(every, workers)
+    saturated = _median([f.saturated_share for f in every])
     n_cores = max(usable) if usable else None
+    free = [_cap_by_quota(f.free_cores, quota, training) for f in node]
     return HostStats(
         host=host,
         n_samples=len(samples),
@@ -386,8 +412,10 @@ def host_stats(
         pinned_cores=_median([f.pinned_cores for f in node]),
         iowait_cores=_median([f.iowait_cores for f in node]),
         main_cpu_pct=_median([f.main_cpu_pct for f in every]),
-        worker_count=workers[-1] if workers else None,
-        saturated_workers=round(saturated) if saturated is not None else None,
+        worker_count=workers,
+        saturated_workers=round(saturated * workers)
+        if saturated is not None and workers is not None
+        else None,
         worker_cpu_pct=_median([f.worker_cpu_pct for f in every]),
         worker_cpu_cores=_median([f.worker_cpu_cores for f in every]),
         training_cpu_cores=training,
@@ -407,7 +435,33 @@ def host_stats(
         quota_cores=quota,
         data_fs_type=next((s.data_fs_type for s in reversed(samples) if s.data_fs_type), None),
         net_rx_bps=_median([f.net_rx_bps for f in node]),
+        free_cores_seen=tuple(f for f in free if f is not None),
     )
+
+
+def _training_of(figures: Sequence[SampleFigures], workers: int | None) -> float | None:
+    """The training processes' CPU in cores: the median of the samples that list all of
+    them (the loader's ``workers``) each with a figure. One between two passes' workers
+    (gone, or just started: no figure yet) counts the main process alone, and "others
+    take the rest" of the cores blamed a job sharing the node for the training's own
+    workers; only where no sample is whole, their lower bounds."""
+    whole = [
+        f.training_cores
+        for f in figures
+        if f.training_complete and (f.worker_count or 0) >= (workers or 0)
+    ]
+    if all(v is None for v in whole):
+        whole = [f.training_cores for f in figures]
+    return _median(whole)
+
+
+def _worker_count_of(figures: Sequence[SampleFigures]) -> int | None:
+    """The worker processes of the newest sample that lists any: at a pass's end the
+    workers not kept exit and the next pass's start again, and a sample in between
+    lists none (the loader's count has not changed). 0 where no sample lists one; None
+    without process figures."""
+    counts = [f.worker_count for f in figures if f.worker_count is not None]
+    return next((count for count in reversed(counts) if count), counts[-1] if counts else None)
 
 
 def _read_bps(s: SystemSample, disk: str | None) -> float | None:

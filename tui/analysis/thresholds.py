@@ -87,9 +87,19 @@ SYSTEM_WINDOW_S = 6.0  # host figures are medians over the samples of the last 6
 HOST_SAMPLES_DUE_S = 15.0
 CORE_PINNED_PCT = 90.0  # a core this busy is pinned
 PROCESS_SATURATED_PCT = 90.0  # a process this busy (of one core) is CPU-bound (= sampler)
+# A worker that waits (a remote store, a sleep) is counted at least this much of a core
+# in the advice (suggest_workers): its CPU measured near 0 must not make room for
+# hundreds (the +4 / doubling step bounds the range anyway).
+MIN_WORKER_CORES = 0.05
 FREE_CORES_FOR_WORKERS = 0.75  # idle core-equivalents worth another worker: a core 84 %
 #   idle is one (the advice must not say "no core idle" beside it)
 HOST_CPU_FULL_FREE_CORES = 0.5  # below this the host CPU is full
+# The CPU is said full (by any of the free-core bounds here) only where that many of the
+# window's host samples show it, not only their median: another process's burst of a
+# few seconds (a second run importing torch, ~2 s of a core) filled the cores in half
+# the samples and read "cpu-contention" for a moment. Once said (cpu-contention,
+# cpu-workers), the median holds it, as before: a lull does not take it back either.
+CPU_FULL_ENTER_SHARE = 0.75
 NO_IDLE_CORE = 0.25  # with num_workers=0: below this no core is left for a worker
 OTHERS_CPU_SHARE = 0.5  # training uses less than half the busy cores: others fill the CPU
 OTHERS_CPU_SHARE_BAND = 0.1  # hysteresis: once shown, contention holds up to 60 %; once
