@@ -166,6 +166,8 @@ class GputopApp(App[None]):
         self._wake_for_any = True  # until a run shows: every batch is news
         # The panels, kept by reference: a timer may fire while the screen is torn down.
         self.header = HeaderBar(id="header")
+        # A source that samples no node says what it does instead (ZmqSource.waiting_for).
+        self.header.waiting = tuple(getattr(source, "waiting_for", tuple)())
         self.status = StatusLine(id="status")
         self.record_bar = RecordBar(id="record-bar")  # `r`: the recording in progress
         self.banner = Banner(id="banner")

@@ -71,6 +71,33 @@ EXIT_CODES = (
 )
 # The viewer, demo, snapshot and list: they listen on nothing, and SIGINT is 130.
 EXIT_CODES_CLIENT = _EXIT_HEAD + _EXIT_NO_RUN + _EXIT_USAGE + _EXIT_SIGNALS
+# record, export and keys: each its own exit paths (tui/record/commands.py, tui/keys.py).
+EXIT_CODES_RECORD = """exit status:
+  0      stopped by hand (Ctrl-C, SIGINT) or at --duration; what came is saved
+  1      no run reachable: nothing listens on any ENDPOINT, no such socket;
+         or the recording stopped on a write error (disk full)
+  2      usage error: bad arguments, FILE cannot be created (it exists, or its
+         directory does not), a part FILE.n is there already (--max-size)
+  128+n  stopped by signal n: 129 SIGHUP, 143 SIGTERM, what came is saved all
+         the same (SIGINT: 0, above; 130 before the recording began)"""
+EXIT_CODES_EXPORT = (
+    """exit status:
+  0      the files were written
+  1      FILE cannot be read (no such file, not a recording), or an output
+         cannot be written
+  2      usage error: bad arguments, neither --perfetto nor --csv, a --from or
+         --to that is no moment, or a range that holds none of the recording"""
+    + _EXIT_SIGNALS
+)
+EXIT_CODES_KEYS = (
+    """exit status:
+  0      the key pair was created or shown, and the keys authorized
+  1      the keys directory cannot be used (it cannot be created, is not a
+         directory, or is another user's), or the keys cannot be written or
+         read back
+  2      usage error: bad arguments, an --authorize that is no CURVE public key"""
+    + _EXIT_SIGNALS
+)
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -78,7 +78,13 @@ def _joined(argv: list[str], option: str) -> list[str]:
 
 
 def cmd_keys(argv: list[str]) -> int:
-    from gputop_dl.tui.cli import EXIT_NO_RUN, EXIT_OK, EXIT_USAGE, HelpFormatter
+    from gputop_dl.tui.cli import (
+        EXIT_CODES_KEYS,
+        EXIT_NO_RUN,
+        EXIT_OK,
+        EXIT_USAGE,
+        HelpFormatter,
+    )
 
     ap = argparse.ArgumentParser(
         prog="gputop keys",
@@ -87,6 +93,7 @@ def cmd_keys(argv: list[str]) -> int:
         "public keys in authorized_keys (yours is added). Copy the directory to the nodes, "
         "or share it through the home directory.",
         formatter_class=HelpFormatter,
+        epilog=EXIT_CODES_KEYS,
     )
     ap.add_argument(
         "--authorize",
@@ -103,18 +110,35 @@ def cmd_keys(argv: list[str]) -> int:
         print(f"gputop keys: {args.authorize!r} is not a CURVE public key", file=sys.stderr)
         return EXIT_USAGE
     keys = load_keys(directory)
-    if keys is None or args.force:
-        for name in (KEY_FILE, "gputop.key"):
-            (directory / name).unlink(missing_ok=True)
-        write_keypair(directory)
-        keys = load_keys(directory)
-        if keys is None:
-            print(f"gputop keys: could not read back the keys in {directory}", file=sys.stderr)
-            return EXIT_NO_RUN
-        print(f"created {directory / KEY_FILE} (secret, mode 0600)")
-    authorize(directory, keys.public, f"{os.environ.get('USER', 'me')} (gputop keys)")
-    if args.authorize is not None:
-        authorize(directory, args.authorize.encode(), "added with gputop keys --authorize")
+    secret = directory / KEY_FILE
+    if keys is None and not args.force and (secret.exists() or secret.is_symlink()):
+        # Replaced silently, every node that holds the old public key would refuse this
+        # user's viewers (and its probes this user's) with no word of why.
+        print(
+            f"gputop keys: {secret} exists but is no CURVE key pair that can be read (damaged, "
+            "unreadable or too large); it was left as it is. gputop keys --force replaces it: "
+            "nodes and viewers that hold the old public key must then be given the new one",
+            file=sys.stderr,
+        )
+        return EXIT_NO_RUN
+    try:
+        if keys is None or args.force:
+            for name in (KEY_FILE, "gputop.key"):
+                (directory / name).unlink(missing_ok=True)
+            write_keypair(directory)
+            keys = load_keys(directory)
+            if keys is None:
+                print(
+                    f"gputop keys: could not read back the keys in {directory}", file=sys.stderr
+                )
+                return EXIT_NO_RUN
+            print(f"created {secret} (secret, mode 0600)")
+        authorize(directory, keys.public, f"{os.environ.get('USER', 'me')} (gputop keys)")
+        if args.authorize is not None:
+            authorize(directory, args.authorize.encode(), "added with gputop keys --authorize")
+    except OSError as exc:  # a read-only or full file system: said, not a traceback
+        print(f"gputop keys: cannot write the keys in {directory}: {exc}", file=sys.stderr)
+        return EXIT_NO_RUN
     print(f"public key: {keys.public.decode()}")
     print(f"authorized: {directory / AUTHORIZED_FILE}")
     return EXIT_OK

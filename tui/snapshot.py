@@ -7,6 +7,7 @@ without a TUI get the same verdict the banner shows.
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 import threading
 import time
@@ -15,10 +16,15 @@ from typing import Any
 import msgspec
 
 from gputop_dl.tui.events import Source, SourceEvent
-from gputop_dl.tui.format import fmt_bytes, fmt_number, fmt_pct, fmt_share
+from gputop_dl.tui.format import fmt_bytes, fmt_duration, fmt_number, fmt_pct, fmt_share
 from gputop_dl.tui.source import ZmqSource
 from gputop_dl.tui.state import ViewerState
 from gputop_dl.tui.state.jobs import JobSummary
+
+NO_RUN_FOUND = (
+    "no training run found; instrument one with: "
+    "from gputop_dl import probe; for batch in probe.watch(loader): ..."
+)
 
 
 class Collector:
@@ -141,13 +147,11 @@ def render_text(snap: dict[str, Any]) -> str:
     for link in snap.get("hosts", []):
         detail = f": {link['detail']}" if link["detail"] else ""
         lines.append(f"host {link['host']}: {link['state']}{detail}")
+    not_yet = None if found_runs(snap) else _no_run_yet(snap.get("recording"))
     for node in snap.get("agent_only", []):
-        lines.append(f"node {node}: no training run (agent only)")
+        lines.append(f"node {node}: {not_yet or 'no training run (agent only)'}")
     if not found_runs(snap) and not snap.get("agent_only"):
-        lines.append(
-            "no training run found; instrument one with: "
-            "from gputop_dl import probe; for batch in probe.watch(loader): ..."
-        )
+        lines.append(not_yet or NO_RUN_FOUND)
     placeheld: set[str] = set()  # placeholders' texts, not repeated as errors
     for run in snap["runs"]:
         if run.get("placeholder"):
@@ -187,6 +191,21 @@ def render_text(snap: dict[str, Any]) -> str:
             lines.extend(_system_lines(system))
     lines.extend(f"error: {e}" for e in snap["errors"] if e not in placeheld)
     return "\n".join(lines)
+
+
+def _no_run_yet(recording: dict[str, Any] | None) -> str | None:
+    """What a recording's snapshot with no run says when a run starts later in it (a
+    moment before the first run, not a recording without one), else None."""
+    if recording is None or recording.get("first_run") is None:
+        return None
+    start, at, first = recording["start"], recording["at"], recording["first_run"]
+    if first <= at:
+        return None
+    first_s = first - start
+    return (
+        f"no run yet at {fmt_duration(at - start)} into the recording; the first run "
+        f"starts at {fmt_duration(first_s)} (--at {math.ceil(first_s * 10) / 10:g}s)"
+    )
 
 
 def found_runs(snap: dict[str, Any]) -> list[dict[str, Any]]:

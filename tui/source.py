@@ -87,6 +87,20 @@ class ZmqSource(ThreadSource):
         # the failure is no problem of a live run to show for ever on the error line.
         self._unconfirmed: dict[str, tuple[str, float]] = {}
 
+    def waiting_for(self) -> tuple[str, ...]:
+        """What this source does while no run spoke and no node was sampled, for the
+        viewer's header, most telling first: nothing when it samples this host (its first
+        sample comes within a second, and "waiting for samples" is then true)."""
+        if self.local_sampler:
+            return ()
+        if not self.discover:
+            return ("no node sampled",)  # the endpoints show as "connecting" meanwhile
+        try:
+            where = f"looking for probes in {discovery.runtime_dir(create=False)}"
+        except discovery.DiscoveryError:
+            where = "no probe can be found: the runtime directory is refused"
+        return ("no node sampled", where)
+
     def _run(self, emit: Emit) -> None:
         sub = self._sub = Subscriber()
         self._sampler: Any = None  # created on first need, used on this thread only

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import socket
@@ -59,11 +58,18 @@ def parse_moment(text: str, start: float, end: float) -> float:
 
 # ------------------------------------------------------------------------ record
 def cmd_record(argv: list[str]) -> int:
-    from gputop_dl.tui.cli import HelpFormatter, endpoint_arg, in_range, reachable
+    from gputop_dl.tui.cli import (
+        EXIT_CODES_RECORD,
+        HelpFormatter,
+        endpoint_arg,
+        in_range,
+        reachable,
+    )
 
     ap = argparse.ArgumentParser(
         prog="gputop record",
         formatter_class=HelpFormatter,
+        epilog=EXIT_CODES_RECORD,
         description="Record every message the viewer would receive (every probe on this "
         "host, or the ENDPOINTs) to FILE, until Ctrl-C. Replay with: gputop FILE",
     )
@@ -126,10 +132,12 @@ def cmd_record(argv: list[str]) -> int:
         signals.restore()
     parts = writer.part + 1
     lost = writer.frames - writer.saved
+    repeated = recorder.repeated
     print(
         f"gputop record: {writer.saved} messages, {writer.bytes_written} bytes"
         f"{f' in {parts} parts' if parts > 1 else ''}: {args.file}"
-        f"{f' (the last {lost} not saved)' if lost else ''}",
+        f"{f' (the last {lost} not saved)' if lost else ''}"
+        f"{f'; {repeated} repeats of history replays left out' if repeated else ''}",
         file=sys.stderr,
         flush=True,
     )
@@ -189,18 +197,11 @@ def snapshot_recording(path: str, at: str | None, as_json: bool) -> int:
         "at": moment,
         "start": timeline.start,
         "end": timeline.end,
+        # When its first training run speaks (None: it holds none): before it, the
+        # snapshot has no run because none had started, not because there is none.
+        "first_run": first_run_at(timeline),
         "skipped": timeline.notes.notes,
     }
-    first = first_run_at(timeline)
-    if not snap["runs"] and first is not None and first > moment:
-        # Not "no training run": the recording holds one, not yet heard from then.
-        at_s, first_s = moment - timeline.start, first - timeline.start
-        print(
-            f"gputop snapshot: no run had been heard from at {fmt_duration(at_s)} into the"
-            f" recording; the first run's messages begin at {fmt_duration(first_s)}"
-            f" (--at {math.ceil(first_s * 10) / 10:g}s)",
-            file=sys.stderr,
-        )
     print(json.dumps(snap, indent=2) if as_json else render_text(snap), flush=True)
     return EXIT_OK if snap["runs"] else EXIT_NO_RUN
 
@@ -292,11 +293,12 @@ def view_recording(path: str, refresh_hz: float) -> int:
 
 # ------------------------------------------------------------------------ export
 def cmd_export(argv: list[str]) -> int:
-    from gputop_dl.tui.cli import HelpFormatter
+    from gputop_dl.tui.cli import EXIT_CODES_EXPORT, HelpFormatter
 
     ap = argparse.ArgumentParser(
         prog="gputop export",
         formatter_class=HelpFormatter,
+        epilog=EXIT_CODES_EXPORT,
         description="Convert a recording: a Chrome trace for ui.perfetto.dev or "
         "chrome://tracing (--perfetto), CSV tables for pandas (--csv).",
     )

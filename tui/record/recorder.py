@@ -1,5 +1,6 @@
 """Record what a source receives: the tap that ``gputop record`` and the viewer's key
-``r`` put on a :class:`~tui.source.ZmqSource`.
+``r`` put on a :class:`~tui.source.ZmqSource`. What a probe's history replay repeats
+(another viewer attached) is left out (tui.record.repeats).
 
 The tap is called on the source's thread; a small thread of its own writes the buffer out
 every second even when nothing arrives, so a recorder killed with SIGKILL loses at most
@@ -15,6 +16,7 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gputop_dl.tui.record.repeats import Repeats
 from gputop_dl.tui.record.writer import RecordWriter
 
 TICK_S = 0.2  # how often the flush thread looks at the buffer's age
@@ -42,6 +44,8 @@ class TapRecorder:
     def __init__(self, writer: RecordWriter) -> None:
         self.writer = writer
         self.error: str | None = None
+        self.repeats = Repeats()  # what other viewers' attaching makes probes send again
+        self.repeated = 0  # messages left out as repeats (not those cut to their news)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flusher, name="gputop-record", daemon=True)
@@ -52,11 +56,17 @@ class TapRecorder:
         return self.error is None and not self._stop.is_set()
 
     def tap(self, frames: list[bytes], received: float) -> None:
+        # Outside the lock: the source's thread alone taps, and decoding a replayed
+        # message must not hold up the flusher.
+        news = self.repeats.news(frames)
+        if news is None:
+            self.repeated += 1
+            return
         with self._lock:
             if self.error is not None or self.writer.closed:
                 return
             try:
-                self.writer.add(frames, received)
+                self.writer.add(news, received)
             except OSError as exc:
                 self._fail(exc)
 

@@ -117,6 +117,9 @@ class HeaderBar(Panel):
         self.host: str | None = None
         self.paused = False
         self.replay: ReplayMark | None = None  # a recording is shown, not live runs
+        # What the source does while nothing came (ZmqSource.waiting_for; set by the
+        # app): with no node sampled, "waiting for samples" would never come true.
+        self.waiting: tuple[str, ...] = ()
 
     def show(
         self,
@@ -174,10 +177,17 @@ class HeaderBar(Panel):
     def _run_line(self, width: int) -> Text:
         run = self.run
         if run is None:
+            if self.host:
+                doing = [(1, Text(f"host {self.host}"))]
+            elif self.waiting:
+                first, *rest = self.waiting
+                doing = [(1, Text(first)), *((2, Text(text)) for text in rest)]
+            else:
+                doing = [(1, Text("waiting for samples"))]
             fields = [
                 *self._replay_field(),
                 (0, Text("○ no training run", self.style("panel--dim"))),
-                (1, Text(f"host {self.host}" if self.host else "waiting for samples")),
+                *doing,
                 (3, Text("? help", self.style("panel--dim"))),
             ]
             return _fit(fields, width)
