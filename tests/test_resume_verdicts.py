@@ -217,3 +217,46 @@ def test_viewer_back_from_an_evaluation_and_at_the_end() -> None:
     run = state.selected
     assert run is not None and run.connection.state == "exited" and run.verdict is not None
     assert run.verdict.kind == "input-bound" and run.verdict.cause == before.verdict.cause
+
+
+@pytest.mark.parametrize(
+    "told_by",
+    [
+        "loop message",
+        # The probe sends its two newest loop changes a flush: a hello sent with them
+        # says "in-loop" before the Loop message is taken (a real recording: "samples/s
+        # now" read 3, 14, 25, 45 over the 5 s after a 25 s evaluation, the rate 97).
+        "hello, then loop message",
+        "hello alone",  # a viewer that missed the Loop message
+    ],
+)
+def test_the_time_outside_is_taken_out_of_the_rate_whichever_message_tells_the_return(
+    told_by: str,
+) -> None:
+    now = T0 + 60.0
+    state = ViewerState(HOST, pid_alive=False)
+    state.apply_all(live_run(now))
+    state.tick(now)
+    before = state.selected
+    assert before is not None and before.rate_now is not None
+    left = now + 0.1
+    state.apply(received(Loop(SOURCE_ID, "outside", left, 5_000, "exhausted"), left))
+    state.apply(
+        received(
+            replace(hello(started=T0), loop="outside", loop_since=left, loop_exit="exhausted"),
+            now + 5.0,
+        )
+    )
+    state.tick(now + 5.0)
+    back = now + 25.0
+    if told_by != "loop message":
+        state.apply(received(replace(hello(started=T0), loop="in-loop", loop_since=back), back))
+    if told_by != "hello alone":
+        state.apply(received(Loop(SOURCE_ID, "in-loop", back, 5_000), back))
+    new = step_records(back, 1.0, samples_per_s=100.0, wait_share=0.7, first_index=10_000)
+    state.apply_all(steps_events(new))
+    state.tick(back + 1.0)
+    run = state.selected
+    assert run is not None and run.rate_now is not None
+    # The rates before (85) and since (100) the evaluation, not 20 (the 25 s counted).
+    assert run.rate_now == pytest.approx(before.rate_now, rel=0.25), run.rate_now

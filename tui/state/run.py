@@ -166,9 +166,11 @@ class Run:
     # ---------------------------------------------------------------- input
 
     def set_hello(self, hello: Hello) -> None:
+        before = self.window_hello()
         self.hello = hello
         self._window_hello = None
         self._keep_passes(hello)
+        self._loop_moved(before)
 
     def _keep_passes(self, hello: Hello) -> None:
         """The passes ``hello`` lists that a cycle of loaders taking turns needs
@@ -222,32 +224,39 @@ class Run:
         return tuple(whole for _, whole in sorted(self._whole_passes.items()) if whole is not None)
 
     def add_loop(self, loop: Loop) -> None:
-        before = self.window_hello()  # the state this message ends
+        before = self.window_hello()
+        self.loop = loop
+        self._window_hello = None
+        self._loop_moved(before)
+
+    def _loop_moved(self, before: Hello | None) -> None:
+        """Note a return to the loop (an outside span) and how long the loop was away,
+        once the loop's state as known (window_hello) moved on from ``before``. Either
+        message may tell it first: the probe sends its two newest loop changes a flush,
+        and a hello sent with them already says "in-loop" when the Loop message comes
+        (read from the Loop message alone, no evaluation was ever taken out of "samples/s
+        now", which fell to 3 on resuming and climbed back over 5 s)."""
+        after = self.window_hello()
         if (
-            before is not None
-            and before.loop == "outside"
-            and before.loop_since is not None
-            and loop.state == "in-loop"
-            and loop.time > before.loop_since
+            before is None
+            or after is None
+            or before.loop != "outside"
+            or before.loop_since is None
+            or after.loop_since is None
+            or after.loop_since <= before.loop_since
         ):
-            self.outside_spans.append((before.loop_since, loop.time))
-        if (
-            before is not None
-            and before.loop == "outside"
-            and before.loop_exit
-            and before.loop_since is not None
-            and (loop.state == "in-loop" or loop.how != before.loop_exit)
-        ):
-            # Ended by a return to the loop, or by leaving it another way: the probe sends
-            # the two newest changes a flush, and a validation at an epoch's end is
-            # followed at once by the epoch's end and the next one's start.
+            return
+        if after.loop == "in-loop":
+            self.outside_spans.append((before.loop_since, after.loop_since))
+        if before.loop_exit and (after.loop == "in-loop" or after.loop_exit != before.loop_exit):
+            # Ended by a return to the loop, or by leaving it another way: a validation
+            # at an epoch's end is followed at once by the epoch's end and the next
+            # one's start.
             spans = self._away_spans.pop(before.loop_exit, None) or deque(maxlen=AWAY_SPANS_KEPT)
-            spans.append(max(0.0, loop.time - before.loop_since))
+            spans.append(after.loop_since - before.loop_since)
             self._away_spans[before.loop_exit] = spans  # the newest way last
             if len(self._away_spans) > AWAY_KINDS_KEPT:
                 del self._away_spans[next(iter(self._away_spans))]
-        self.loop = loop
-        self._window_hello = None
 
     def usual_away(self, how: str | None) -> tuple[float, int] | None:
         """The median time the loop was outside when it was left this way ("marked:
