@@ -383,12 +383,12 @@ def test_a_damaged_key_pair_is_left_as_it_is_and_said(
 
     assert main(["keys"]) == 0
     secret = keys_dir() / KEY_FILE
-    secret.write_text("public-key = \"damaged\"\n")
+    secret.write_text('public-key = "damaged"\n')
     capsys.readouterr()
     assert main(["keys"]) == 1
     err = capsys.readouterr().err
     assert "exists but is no CURVE key pair" in err and "--force" in err, err
-    assert secret.read_text() == "public-key = \"damaged\"\n"
+    assert secret.read_text() == 'public-key = "damaged"\n'
     assert main(["keys", "--force"]) == 0  # asked for: replaced
     assert "created" in capsys.readouterr().out
 

@@ -128,9 +128,7 @@ def cmd_keys(argv: list[str]) -> int:
             write_keypair(directory)
             keys = load_keys(directory)
             if keys is None:
-                print(
-                    f"gputop keys: could not read back the keys in {directory}", file=sys.stderr
-                )
+                print(f"gputop keys: could not read back the keys in {directory}", file=sys.stderr)
                 return EXIT_NO_RUN
             print(f"created {secret} (secret, mode 0600)")
         authorize(directory, keys.public, f"{os.environ.get('USER', 'me')} (gputop keys)")
