@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from gputop_dl.probe.messages import Hello
 from gputop_dl.tui.events import Emit, SourceEvent, ThreadSource
 from gputop_dl.tui.record.reader import Timeline
 from gputop_dl.tui.state import ViewerState
@@ -81,6 +82,23 @@ class ReplayClock:
         return self.speed
 
 
+def recorder_sampler(host: str) -> Callable[[Hello], bool]:
+    """Whether an agent's hello is the recorder's own node sampler (tui.source's, recorded
+    with the rest), not an agent. Live, the viewer knows its sampler by its own pid; the
+    recorder's was another process's. It samples the recorder's ``host`` as a process of
+    its own, and its hello does not claim the node's host sampling, which every ``gputop
+    agent`` (a probe sampling its node) does: a recorded agent still reads as one."""
+
+    def own(hello: Hello) -> bool:
+        return (
+            hello.host == host
+            and not hello.host_sampler
+            and hello.source_id == f"{hello.host}:{hello.pid}"
+        )
+
+    return own
+
+
 def event_time(event: SourceEvent) -> float | None:
     return getattr(event, "received", None)
 
@@ -102,8 +120,12 @@ class Replayer:
         self.reset()
 
     def reset(self) -> None:
-        # No pid check: the recorded runs' pids mean nothing now.
-        self.state = ViewerState(self.timeline.header.host, self.history_s, pid_alive=None)
+        # No pid check: the recorded runs' pids mean nothing now; the recorder's own node
+        # sampler is the recording's, not this process's.
+        host = self.timeline.header.host
+        self.state = ViewerState(
+            host, self.history_s, pid_alive=None, own_sampler=recorder_sampler(host)
+        )
         self.applied = 0  # events of the timeline applied: always a prefix
         self.ticked: float | None = None  # recorded time of the last tick
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,18 +13,56 @@ from gputop_dl.tui.state.clean import clean_text
 
 AGENT_DEFERS_S = 5.0  # an agent's host samples are ignored while a probe samples the host
 MAX_HOSTS = 256  # hosts remembered; the one heard from longest ago is forgotten first
+# A history replay (docs/protocol.md) repeats a publisher's last REPLAYED_SAMPLES samples,
+# taken every interval while it is watched, every UNWATCHED_SAMPLE_S or slower while not
+# (probe.core HISTORY_SYSTEMS, UNWATCHED_SAMPLE_S).
+REPLAYED_SAMPLES = 60
+UNWATCHED_SAMPLE_S = 5.0
 
 
-def keep_recent(history: deque[SystemSample], sample: SystemSample, keep_s: float) -> None:
-    """Append ``sample`` and drop the samples more than ``keep_s`` older than it.
+def keep_recent(history: deque[SystemSample], sample: SystemSample, keep_s: float) -> bool:
+    """Keep ``sample`` in ``history`` (oldest first) unless it holds a sample of that time
+    already, and drop the samples more than ``keep_s`` older than the newest. True when
+    ``sample`` was kept.
+
+    Every subscription a probe sees makes it send its last samples again, to every
+    subscriber (docs/protocol.md, "History on attach"): a sample of a time held is such a
+    repeat (appended again, it counted twice in every median and count over the window);
+    an older one not held is one this viewer missed (it attached late, or the sample was
+    lost), put in its place in time. A sample older than any replay reaches is no replay:
+    the clock stepped back, and it is appended (dropping nothing), as is one stepped
+    forward (leaving only the newest sample).
 
     The deque's maxlen bounds a flood; this bounds the time covered: a source sampling
-    every 5 s would otherwise keep five windows' worth (and a 30,000-core sample is big).
-    A clock stepped back drops nothing; one stepped forward leaves the newest sample."""
-    history.append(sample)
-    oldest = sample.time - keep_s
-    while history[0].time < oldest:
+    every 5 s would otherwise keep five windows' worth (and a 30,000-core sample is big)."""
+    at, newest = sample.time, history[-1].time if history else None
+    if newest is None or at > newest or newest - at > replay_reach_s(sample):
+        history.append(sample)
+        oldest = at - keep_s
+        while history[0].time < oldest:
+            history.popleft()
+        return True
+    if at < newest - keep_s:
+        return False  # a replayed sample older than the time kept
+    index = bisect_left(history, at, key=_sample_time)
+    if index < len(history) and history[index].time == at:
+        return False  # held already: a replay repeats it
+    if len(history) == history.maxlen:
+        if index == 0:
+            return False  # it would be the oldest, the one a full history lets go
         history.popleft()
+        index -= 1
+    history.insert(index, sample)
+    return True
+
+
+def replay_reach_s(sample: SystemSample) -> float:
+    """How much older than the newest sample a replayed one of its publisher may be."""
+    return REPLAYED_SAMPLES * max(UNWATCHED_SAMPLE_S, sample.interval_s or 0.0)
+
+
+def _sample_time(sample: SystemSample) -> float:
+    return sample.time
 
 
 MIN_HISTORY_S = 60.0  # at least a minute of a host's samples, whatever the viewer's window
@@ -51,7 +90,9 @@ class Hosts:
 
     def add(self, sample: SystemSample, received: float, *, from_agent: bool) -> None:
         """Keep a host-wide sample; an agent's only while no probe samples that host
-        (a probe's samples carry its processes too)."""
+        (a probe's samples carry its processes too). A sample of a time the host's
+        history holds is a replay's repeat (keep_recent): two samplers of one node do
+        not sample at the same microsecond."""
         host = self._hosts.get(sample.host)
         if host is None:
             if len(self._hosts) >= MAX_HOSTS:

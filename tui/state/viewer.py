@@ -101,6 +101,8 @@ STALL_MIN_S = 1.5
 LOOP_STATES = frozenset({"in-loop", "outside"})
 
 PidAlive = Callable[[int, float | None], bool]
+# An agent's hello -> whether it is this viewer's own node sampler (tui.source), not an agent.
+OwnSampler = Callable[[Hello], bool]
 # An ended run's worker pids, its start (Unix time) -> those still running here.
 LeftRunning = Callable[[Sequence[int], float], tuple[int, ...]]
 
@@ -111,7 +113,9 @@ class ViewerState:
     ``pid_alive`` checks the pid of runs on ``local_host``; by default the real check
     when ``local_host`` is this machine, else none (a run's pid means nothing here).
     ``left_running`` finds the DataLoader workers an ended local run left running; by
-    default the real one wherever ``pid_alive`` is."""
+    default the real one wherever ``pid_alive`` is. ``own_sampler`` tells the viewer's
+    own node sampler among the agents; by default the one of this process (a replay
+    passes the recorder's)."""
 
     def __init__(
         self,
@@ -120,6 +124,7 @@ class ViewerState:
         *,
         pid_alive: PidAlive | bool | None = True,
         left_running: LeftRunning | None = None,
+        own_sampler: OwnSampler | None = None,
     ) -> None:
         self.local_host = local_host
         self.history_s = history_s
@@ -130,6 +135,7 @@ class ViewerState:
         self._left_running: LeftRunning | None = left_running or (
             discovery_left_running if real else None
         )
+        self._own_sampler: OwnSampler = own_sampler or _this_process
         self._sources: dict[str, Run] = {}
         self._hosts = Hosts(history_s)
         self._endpoints: dict[str, EndpointState] = {}
@@ -246,6 +252,8 @@ class ViewerState:
                 self._invalid(source, received, 1, "system samples")
                 return
             source.clock_offsets.append(received - sample.time)
+            # A history replay repeats samples: keep_recent leaves the repeats out, here
+            # and in the host's history (which holds samples this one no longer does).
             keep_recent(source.systems, sample, OWN_SAMPLES_S)
             if sample.host_sampled:
                 from_agent = source.hello is not None and source.hello.role == "agent"
@@ -711,15 +719,15 @@ class ViewerState:
         return link_summary(self._links.all())
 
     def agent_only_hosts(self) -> tuple[str, ...]:
-        """Hosts an agent (not this viewer's own sampler) reports on, where no training
-        run is known: shown as nodes, not as runs that never arrive."""
+        """Hosts an agent (not the viewer's own sampler, see ``own_sampler``) reports on,
+        where no training run is known: shown as nodes, not as runs that never arrive."""
         with_runs = {source.host for source in self._sources.values() if source.is_run}
         hosts: dict[str, None] = {}
         for source in self._sources.values():
             hello = source.hello
             if hello is None or hello.role != "agent" or source.host in with_runs:
                 continue
-            if hello.pid == os.getpid() and hello.host == socket.gethostname():
+            if self._own_sampler(hello):
                 continue  # the viewer sampling its own host (tui.source)
             if source.host is not None:
                 hosts[source.host] = None
@@ -928,6 +936,11 @@ class ViewerState:
         if run is None or run.is_placeholder:
             return None
         return self._sources.get(run.key)
+
+
+def _this_process(hello: Hello) -> bool:
+    """Whether the hello is this process's: a live viewer's own node sampler."""
+    return hello.pid == os.getpid() and hello.host == socket.gethostname()
 
 
 def _naming(hello: Hello) -> tuple[object, ...]:
