@@ -23,9 +23,11 @@ from gputop_dl.probe.messages import MARKED, Frame, Hello, LoaderInfo, Stack, St
 from gputop_dl.probe.samples import SystemSample
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import (
+    CPU_FULL_CAUSES,
     Cause,
     affinity_advice,
     awaits_samples,
+    cores_full,
     cpu_lines,
     find_on_cores,
     input_cause,
@@ -377,6 +379,9 @@ def _progress(window: Window) -> tuple[float | None, int | None, float | None]:
 
 
 def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
+    hello = window.hello
+    if hello is not None and hello.loop == "not-started" and not (hello.step_count or window.steps):
+        return _setting_up(window, hello)
     evidence: list[str] = []
     if window.steps:
         gap = window.now - max(s.end_time for s in window.steps)
@@ -388,10 +393,9 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
     slow = _slow_start(window, steps, evidence)
     if slow is not None:
         return slow
-    if not window.steps and window.hello is not None and window.hello.step_count > 0:
+    if not window.steps and hello is not None and hello.step_count > 0:
         # Attached to a run under way: its replay of recent steps is on its way (it comes
         # within a second). Not "0 of 5 steps": the header already counts thousands.
-        hello = window.hello
         if hello.last_step_end is not None:
             gap = max(0.0, window.now - hello.last_step_end)
             evidence.append(f"its last step ended {fmt.dur(gap)} ago")
@@ -417,6 +421,27 @@ def _warming_up(window: Window, steps: list[StepRecord]) -> Verdict:
         0.0,
         f"Warming up: {len(steps)} of {MIN_STEPS} steps needed for a verdict "
         f"(or {MIN_SLOW_STEPS} covering {fmt.dur(WARM_S)})",
+        evidence=tuple(evidence),
+    )
+
+
+def _setting_up(window: Window, hello: Hello) -> Verdict:
+    """The probe speaks, no step yet and no watched loop entered: the script makes its
+    data or its model (`gputop demo` its dataset). Not "Warming up: 0 of 5 steps": no
+    step is on its way yet. The kind stays "warming-up" (shown and left at once, no
+    bottleneck of a run that ends there)."""
+    evidence = [
+        f"probe started {fmt.dur(max(0.0, window.now - hello.started))} ago; no watched "
+        "loop entered yet, no step (data or model set-up)"
+    ]
+    cpu = _main_cpu_line(window)
+    if cpu is not None:
+        evidence.append(cpu)
+    return Verdict(
+        "warming-up",
+        "info",
+        0.0,
+        "Setting up: the training loop has not started yet",
         evidence=tuple(evidence),
     )
 
@@ -955,7 +980,13 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
         return None
     if h.main_cpu_pct is None or h.main_cpu_pct >= STARVED_MAIN_PCT:
         return None
-    if h.free_cores is None or h.free_cores >= HOST_CPU_FULL_FREE_CORES:
+    # The cores full by the causes' rule (cores_full): in 3/4 of the samples to enter, a
+    # burst of another process's CPU in a few of them is no starving; the median holds
+    # it once the cores are said full.
+    said = ctx.previous is not None and any(
+        c.rpartition("/")[2] in CPU_FULL_CAUSES for c in ctx.previous.conditions
+    )
+    if h.free_cores is None or not cores_full(h, HOST_CPU_FULL_FREE_CORES, said):
         return None
     gets = f"the main process gets {fmt.pct_value(h.main_cpu_pct)} of a core"
     affinity = affinity_advice(h)

@@ -39,6 +39,8 @@ from gputop_dl.tui.analysis.thresholds import (
     DISK_BUSY_SOME,
     DISK_READ_ACTIVE_BPS,
     FREE_CORES_FOR_WORKERS,
+    FULL_LOADER_CPU_ENTER_PCT,
+    FULL_LOADER_CPU_EXIT_PCT,
     HOST_CPU_FULL_FREE_CORES,
     HOST_SAMPLES_DUE_S,
     IO_PRESSURE_HIGH_PCT,
@@ -240,14 +242,20 @@ CPU_FULL_CAUSES = frozenset({"cpu-contention", "cpu-workers"})
 
 
 def cpu_full(ctx: Context, below: float) -> bool:
+    """Fewer than ``below`` idle core-equivalents among the cores this run may use
+    (cores_full), held by the median alone once a full-CPU cause is shown."""
+    return cores_full(ctx.host, below, ctx.previous_cause in CPU_FULL_CAUSES)
+
+
+def cores_full(h: HostStats, below: float, shown: bool) -> bool:
     """Fewer than ``below`` idle core-equivalents among the cores this run may use: by the
-    median of the window's host samples, and (unless a full-CPU cause is shown already)
-    in CPU_FULL_ENTER_SHARE of them. A burst of another process's (a run starting
-    beside this one) fills the cores in a few samples: it is no contention to act on."""
-    h = ctx.host
+    median of the window's host samples, and (unless ``shown``: a verdict that says the
+    cores are full is shown already) in CPU_FULL_ENTER_SHARE of them. A burst of another
+    process's (a run starting beside this one) fills the cores in a few samples: it is
+    no contention to act on."""
     if h.free_cores is None or h.free_cores >= below:
         return False
-    if ctx.previous_cause in CPU_FULL_CAUSES or not h.free_cores_seen:
+    if shown or not h.free_cores_seen:
         return True
     full = sum(1 for free in h.free_cores_seen if free < below)
     return full >= CPU_FULL_ENTER_SHARE * len(h.free_cores_seen)
@@ -824,11 +832,8 @@ def _cpu(ctx: Context) -> Cause | None:
             summary = "the main process loads the data itself (no worker process seen)"
         lines = [line]
         cpu = ctx.loader_cpu_pct
-        if (
-            ctx.enough_host
-            and cpu_full(ctx, NO_IDLE_CORE)
-            and (cpu is None or cpu >= LOADER_BLOCKED_CPU_PCT)
-        ):
+        full = ctx.enough_host and cpu_full(ctx, NO_IDLE_CORE)
+        if full and (cpu is None or _loading_computes(ctx, cpu)):
             # A worker would load on a core that is not there: none of the cores this
             # process may use is idle, and others take them, or it may use one only. (A
             # multi-threaded step that fills the cores between waits leaves them idle
@@ -840,8 +845,23 @@ def _cpu(ctx: Context) -> Cause | None:
                 return _cpu_workers(
                     ctx, 0.7, f"the main process loads every batch itself with {cores_text(h)}"
                 )
-        waiting = ctx.enough_host and cpu is not None and cpu < LOADER_BLOCKED_CPU_PCT
-        if waiting:
+        # On full cores the line between the two holds the cause shown (_loading_computes).
+        waiting = (
+            ctx.enough_host
+            and cpu is not None
+            and (not _loading_computes(ctx, cpu) if full else cpu < LOADER_BLOCKED_CPU_PCT)
+        )
+        # No core idle by the figure the evidence gives ("0 of 8 cores idle"): a process
+        # off-CPU may wait for a core as well as on its loading.
+        no_core = h.free_cores is not None and h.free_cores < NO_IDLE_CORE
+        if waiting and no_core:
+            lines.append(
+                f"the main process uses at most {fmt.pct_value(cpu or 0.0)} of a core while "
+                f"the loop waits for its batches, {_reads_little(ctx)}; but none of the cores "
+                "it may use is idle, so it may wait for a core as much as on the loading "
+                "itself (a remote store, a lock, a sleep)"
+            )
+        elif waiting:
             # Off-CPU and no reads (else _blocked_loader said disk): it waits on
             # something else, and more loaders wait in parallel just as well.
             # (Its CPU figure is host_evidence's "main process" line.)
@@ -855,10 +875,10 @@ def _cpu(ctx: Context) -> Cause | None:
         if waiting:  # its pace is a wait's, not a CPU cost: workers wait side by side
             return Cause(
                 "few-workers",
-                0.75,
+                0.5 if no_core else 0.75,  # (no core idle: a wait or a core's, unknown)
                 summary,
                 _merge(lines, host_evidence(ctx)),
-                advice,
+                _no_core_advice(ctx, advice) if no_core else advice,
                 waiting_loaders_after=most,
             )
         return Cause(
@@ -888,6 +908,38 @@ def _cpu(ctx: Context) -> Cause | None:
     if ctx.enough_host and cpu_full(ctx, HOST_CPU_FULL_FREE_CORES):
         return _contention(ctx) or _cpu_workers(ctx, 0.7, f"{_cores_full(h)} are full")
     return _waiting_workers(ctx, workers)
+
+
+def _loading_computes(ctx: Context, cpu: float) -> bool:
+    """With num_workers=0 on cores none of which is idle: the main process's loading
+    computes (``cpu``: its most in the wait, percent of a core), so the full CPU is the
+    cause, rather than that it may wait. LOADER_BLOCKED_CPU_PCT is the line; the cause
+    shown moves it (FULL_LOADER_CPU_EXIT_PCT / _ENTER_PCT): a main process starved by
+    others hovers near it, and the cause flipped between the two every few samples."""
+    line = LOADER_BLOCKED_CPU_PCT
+    if ctx.previous_cause in CPU_FULL_CAUSES:
+        line = FULL_LOADER_CPU_EXIT_PCT
+    elif ctx.previous_cause == "few-workers":
+        line = FULL_LOADER_CPU_ENTER_PCT
+    return cpu >= line
+
+
+def _no_core_advice(ctx: Context, advice: tuple[str, ...]) -> tuple[str, ...]:
+    """Workers advised where none of the cores is idle: what they buy if the loading
+    waits, and that one which computes needs a core freed first ("workers overlap the
+    waits" read as if cores were idle)."""
+    contention = _contention(ctx)
+    free = (
+        contention.advice[0]
+        if contention is not None
+        else "find what takes them (top -o %CPU) and stop, move or renice it"
+    )
+    return (
+        "if the loading waits (a remote store, a lock, a sleep), a worker overlaps the "
+        f"waits on little CPU: {advice[0]}",
+        f"if it computes, a worker needs a core of its own and none is idle: {free}",
+        *advice[1:],
+    )
 
 
 def _waiting_workers(ctx: Context, workers: int) -> Cause | None:

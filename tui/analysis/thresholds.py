@@ -109,6 +109,14 @@ IO_PRESSURE_HIGH_PCT = 20.0  # PSI io "some" avg10: tasks stalled on I/O 20 % of
 # A loader process well below one core while the loop waits for it is blocked, not busy;
 # with some sign of I/O (weaker figures than above) the reads are what it waits for.
 LOADER_BLOCKED_CPU_PCT = 60.0
+# With num_workers=0 and no core idle, that line also tells a main process whose loading
+# computes (the full CPU is the cause: cpu-contention, cpu-workers) from one whose loading
+# may wait (few-workers). A main process starved by others hovers near it, and the cause
+# flipped between the two every few samples. Once a full-CPU cause is shown it holds
+# down to the EXIT figure; once few-workers is shown, a full-CPU cause needs the ENTER
+# figure (a fresh judgement uses the line itself).
+FULL_LOADER_CPU_ENTER_PCT = 70.0
+FULL_LOADER_CPU_EXIT_PCT = 50.0
 IOWAIT_SOME_CORES = 0.25
 IO_PRESSURE_SOME_PCT = 10.0
 DISK_READ_ACTIVE_BPS = 20e6
