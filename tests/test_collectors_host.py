@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gputop_dl.probe.collectors import processes
@@ -942,3 +943,37 @@ def test_a_host_sample_reads_a_few_kernel_files_and_no_process(
     assert len(read) == len(set(read)) <= MAX_HOST_FILES, read
     assert not listed, listed
     assert not [p for p in read if p.split("/")[2:3] and p.split("/")[2].isdigit()], read
+
+
+def test_a_worker_first_seen_has_its_share_over_its_life() -> None:
+    """A DataLoader's workers start again each pass (torch's default): without a figure on
+    first sight, each pass's first sample had no worker's CPU, and passes shorter than a
+    sampling interval never any."""
+    spin = (
+        "import time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint('spun', flush=True)\ntime.sleep(30)"
+    )
+    busy = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        assert busy.stdout is not None and busy.stdout.readline() == "spun\n"
+        time.sleep(0.3)  # the idle one is older than MIN_LIFE_S too
+        young = subprocess.Popen(["sleep", "30"])
+        pc = ProcessCollector(os.getpid(), worker_pids=lambda: {busy.pid, idle.pid, young.pid})
+        sample = pc.sample()
+        # What psutil says of the busy one's life, just after
+        proc = psutil.Process(busy.pid)
+        times = proc.cpu_times()
+        expected = 100.0 * (times.user + times.system) / (time.time() - proc.create_time())
+    finally:
+        for child in (busy, idle, young):
+            child.kill()
+            child.wait()
+    assert sample is not None
+    by_pid = {p.pid: p for p in sample.processes}
+    assert by_pid[os.getpid()].cpu_pct is None  # its life holds its imports: no figure
+    assert by_pid[young.pid].cpu_pct is None  # too young for a figure
+    busy_pct, idle_pct = by_pid[busy.pid].cpu_pct, by_pid[idle.pid].cpu_pct
+    assert busy_pct is not None and idle_pct is not None
+    assert busy_pct == pytest.approx(expected, rel=0.2, abs=3.0), (busy_pct, expected)
+    assert busy_pct > 10.0 and idle_pct < 2.0, (busy_pct, idle_pct)

@@ -96,7 +96,7 @@ def stat_line(pid: int, name: str, ppid: int, utime: int, stime: int, start: int
 def test_parse_stat(text: str, expected: tuple[str, int, float, int, int] | None) -> None:
     import gputop_dl.probe.collectors.top as top
 
-    if expected is not None and (top._TICKS, top._PAGE) != (100, 4096):
+    if expected is not None and (top.TICKS, top._PAGE) != (100, 4096):
         pytest.skip("the table assumes 100 ticks a second and 4 KiB pages")
     assert top.parse_stat(text) == expected
 

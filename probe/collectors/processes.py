@@ -8,6 +8,7 @@ descendant (torch.compile's compile workers and g++, tokenizer pools, loggers) i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Collection
@@ -16,7 +17,7 @@ import psutil
 
 from gputop_dl.probe.collectors import procfs
 from gputop_dl.probe.collectors.cgroup import parse_keyed_ints
-from gputop_dl.probe.collectors.top import parse_stat
+from gputop_dl.probe.collectors.top import TICKS, parse_stat
 from gputop_dl.probe.samples import MAX_STR, ProcessSample, TrainingProcesses
 
 SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturated
@@ -28,6 +29,9 @@ SATURATED_PCT = 90.0  # a worker at >= 90 % of one core is taken as CPU-saturate
 # up within this many samples).
 FULL_SCAN_EVERY = 5
 COMM_LEN = 15  # the kernel keeps this much of a process's name in /proc/<pid>/stat
+# A process younger than this has no share over its life (see lifetime_share): its start
+# is known to a clock tick (10 ms), 5 % of this.
+MIN_LIFE_S = 0.2
 
 
 def _children_files_supported(proc_root: str) -> bool:
@@ -90,6 +94,17 @@ def _role(pid: int, loader_workers: Collection[int], parents: dict[int, int]) ->
             return "other"
         pid = parent
     return "other"
+
+
+def lifetime_share(cpu_s: float, started_ticks: int) -> float | None:
+    """Percent of one core a process used since it started (``started_ticks``: its start
+    after boot, /proc/<pid>/stat's clock ticks); None under MIN_LIFE_S old (the start's
+    tick rounding is then a large part of the age) or with a start time past now (a
+    time namespace's offset boot clock)."""
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / TICKS
+    if age < MIN_LIFE_S:
+        return None
+    return 100.0 * cpu_s / age
 
 
 class ProcessCollector:
@@ -212,7 +227,18 @@ class ProcessCollector:
         if len(name) >= COMM_LEN:
             name = self._full_name(pid, name)
         read = self._read_bytes(pid)
-        return self._with_share(pid, role, name[:MAX_STR], cpu_s, rss, now, read)
+        sample = self._with_share(pid, role, name[:MAX_STR], cpu_s, rss, now, read)
+        if sample.cpu_pct is None and pid != self._main_pid:
+            # First seen: its share over its life so far, a true figure over a shorter
+            # interval. A DataLoader's workers start again each pass
+            # (persistent_workers=False, torch's default): without it each pass's first
+            # sample had no worker's CPU, and passes shorter than a sampling interval never
+            # any ("cause unknown" for workers that wait). Not the main process: its life
+            # holds its imports and set-up, which say nothing of its loop.
+            share = lifetime_share(cpu_s, started)
+            if share is not None:
+                sample = dataclasses.replace(sample, cpu_pct=share)
+        return sample
 
     def _read_bytes(self, pid: int) -> int | None:
         """``read_bytes`` of /proc/<pid>/io: bytes the process had fetched from storage

@@ -19,7 +19,7 @@ from gputop_dl.probe.samples import TopProcess
 
 TOP_BY_CPU = 10
 TOP_BY_MEMORY = 3  # the biggest resident sets also show, even when idle (memory pressure)
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -33,7 +33,7 @@ def parse_stat(text: str) -> tuple[str, int, float, int, int] | None:
     fields = text[close_at + 2 :].split(None, 22)  # the first 22 are read: split no more
     try:
         ppid = int(fields[1])
-        cpu_s = (int(fields[11]) + int(fields[12])) / _TICKS
+        cpu_s = (int(fields[11]) + int(fields[12])) / TICKS
         return text[open_at + 1 : close_at], ppid, cpu_s, int(fields[21]) * _PAGE, int(fields[19])
     except (IndexError, ValueError):
         return None
