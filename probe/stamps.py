@@ -19,13 +19,12 @@ column by column.
 
 from __future__ import annotations
 
-import inspect
 from array import array
 from collections.abc import Iterator
 from itertools import repeat, starmap
 from operator import floordiv, itemgetter, length_hint, sub
 from time import perf_counter_ns
-from types import CodeType, WrapperDescriptorType
+from types import WrapperDescriptorType
 from typing import Any
 
 from gputop_dl.probe.protocol import (
@@ -50,39 +49,12 @@ def fetches(iterator: Iterator[Any]) -> Iterator[Any]:
     itself: a loader that is its own iterator restarts its pass (FastTensorDataLoader's
     pattern: each segment of a watched pass began it again, a pass of 3,000 batches
     never ended). Such an iterator's ``__next__`` is called directly instead (as the
-    interpreter calls it: the type's). One whose ``__iter__`` is C's, or Python's that
-    only returns ``self`` (a torch DataLoader's iterator's), is given as it is: the zip
-    then takes its ``__next__`` through the type's slot, as a loop does, 830 instructions
-    a step fewer than through ``map`` over a torch DataLoader (callgrind, the training
-    thread: +1,866 over the bare loop against +2,696)."""
+    interpreter calls it: the type's), which costs a torch DataLoader's ~3 instructions
+    a step (callgrind); one in C (a generator, a list's) is given as it is."""
     kind = type(iterator)
-    own_iter = getattr(kind, "__iter__", None)
-    if isinstance(own_iter, WrapperDescriptorType) or _returns_self(own_iter):
+    if isinstance(getattr(kind, "__iter__", None), WrapperDescriptorType):
         return iterator
     return map(kind.__next__, repeat(iterator))
-
-
-def _return_self(self: object) -> object:  # the code _returns_self compares with
-    return self
-
-
-_NOT_PLAIN = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS | inspect.CO_GENERATOR
-_NOT_PLAIN |= inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
-
-
-def _returns_self(method: object) -> bool:
-    """Whether ``method`` is a plain Python function whose whole body is ``return self``
-    (its first argument): the same bytecode as :func:`_return_self`, with no default or
-    keyword-only argument, closure or generator flag that would make it do more."""
-    code = getattr(method, "__code__", None)
-    return (
-        isinstance(code, CodeType)
-        and code.co_code == _return_self.__code__.co_code
-        and code.co_argcount == 1
-        and code.co_kwonlyargcount == 0
-        and not code.co_flags & _NOT_PLAIN
-        and not getattr(method, "__closure__", None)
-    )
 
 
 class Segment:
