@@ -67,14 +67,16 @@ HOG = (
 )
 
 
-def host_run(full: Sequence[bool], busy: CpuSample, idle: CpuSample, h: Hello) -> Window:
-    """Steps of a run computing on the host (a 1 % data wait), its main process at 48 %
-    of a core, a node sample a second, its cores ``busy`` where ``full`` says so."""
+def host_run(
+    full: Sequence[bool], busy: CpuSample, idle: CpuSample, h: Hello, main: float = 48.0
+) -> Window:
+    """Steps of a run computing on the host (a 1 % data wait), its main process at
+    ``main`` % of a core, a node sample a second, its cores ``busy`` where ``full`` says so."""
     steps = make_steps(wait=0.001)
     now = steps[-1].end_time + 0.05
     n = len(full)
     sys = [
-        system(now - (n - 1 - i), cpu=busy if f else idle, procs=processes(48.0), top=HOG)
+        system(now - (n - 1 - i), cpu=busy if f else idle, procs=processes(main), top=HOG)
         for i, f in enumerate(full)
     ]
     return Window(now=now, steps=steps, systems=sys, hello=h)
@@ -113,6 +115,28 @@ def test_a_burst_of_another_process_does_not_starve_a_run_on_the_host(
     assert (sustained.severity, sustained.cause) == ("warning", "cpu-contention"), sustained
     held = analyze(burst, previous=sustained)
     assert held.headline.startswith("Compute-bound, and starved of CPU"), held
+
+
+@pytest.mark.parametrize(
+    ("main", "starved_before", "starved_after"),
+    [
+        (55.0, False, True),  # under the line: said
+        (65.0, False, False),  # over it, not said before: not said
+        (65.0, True, True),  # said, hovering over 60 %: held (it went ok and back)
+        (75.0, True, False),  # past the exit: released
+    ],
+)
+def test_starved_of_cpu_holds_while_the_main_process_hovers_near_the_line(
+    main: float, starved_before: bool, starved_after: bool
+) -> None:
+    full = [True] * 5
+    previous = analyze(host_run(full, cores(2, busy=100), cores(2, busy=5), hello(0)))
+    assert previous.headline.startswith("Compute-bound, and starved of CPU"), previous
+    v = analyze(
+        host_run(full, cores(2, busy=100), cores(2, busy=5), hello(0), main=main),
+        previous=previous if starved_before else None,
+    )
+    assert v.headline.startswith("Compute-bound, and starved of CPU") == starved_after, v
 
 
 # --- 3. num_workers=0 on full cores ---------------------------------------------------------

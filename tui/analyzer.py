@@ -104,6 +104,7 @@ from gputop_dl.tui.analysis.thresholds import (
     STALL_FACTOR,
     STALL_MIN_S,
     STALL_TYPICAL_STEPS,
+    STARVED_EXIT_PCT,
     STARVED_MAIN_PCT,
     SWAP_IN_ENTER_BPS,
     SYSTEM_WINDOW_S,
@@ -978,14 +979,17 @@ def _starved(ctx: _Ctx, timed: bool) -> tuple[str, str, str] | None:
     h = ctx.host
     if timed or ctx.devices or hello is None or hello.device is not None:
         return None
-    if h.main_cpu_pct is None or h.main_cpu_pct >= STARVED_MAIN_PCT:
-        return None
     # The cores full by the causes' rule (cores_full): in 3/4 of the samples to enter, a
     # burst of another process's CPU in a few of them is no starving; the median holds
     # it once the cores are said full.
     said = ctx.previous is not None and any(
         c.rpartition("/")[2] in CPU_FULL_CAUSES for c in ctx.previous.conditions
     )
+    # Once said, held up to STARVED_EXIT_PCT: a main process the others starve hovers
+    # near the line, and the verdict went ok and back every few samples.
+    line = STARVED_EXIT_PCT if said else STARVED_MAIN_PCT
+    if h.main_cpu_pct is None or h.main_cpu_pct >= line:
+        return None
     if h.free_cores is None or not cores_full(h, HOST_CPU_FULL_FREE_CORES, said):
         return None
     gets = f"the main process gets {fmt.pct_value(h.main_cpu_pct)} of a core"

@@ -204,4 +204,5 @@ MAX_HEADROOM_FACTOR = 10.0
 # Compute on the host (no accelerator) with its main process under this share of a core
 # while the cores it may use are full: starved of CPU by others ...
 STARVED_MAIN_PCT = 60.0
+STARVED_EXIT_PCT = 70.0  # once said, starved until the main process gets this much
 OTHER_NAMED_MIN_PCT = 10.0  # ... named when they take at least this much of a core
