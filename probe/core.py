@@ -793,6 +793,12 @@ class Probe:
                 (self._index, self._last_mark, -1.0, now, as_count(samples), None, None)
             )
             self._index += 1
+        elif self._loop == "not-started":
+            # The first mark of a loop that probe.step() times: its loop has begun (the
+            # step it ends is step 0, unrecorded). Without it a viewer read the script as
+            # still setting up through its first recorded step, and could not say a
+            # first step that never ends is one ("no step for 45 s in the training loop").
+            self._mark_loop("in-loop", None)
         self._last_mark = now
 
     def phase(self, name: str) -> Phase:

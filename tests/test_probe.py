@@ -818,6 +818,28 @@ def test_history_replay_repeats_steps_with_their_own_indices() -> None:
     assert {r["index"] for r in second.steps()} == set(range(50))
 
 
+def test_the_first_mark_of_a_step_loop_says_the_loop_began() -> None:
+    """A script timed by probe.step() alone read "not-started" for good: a viewer said
+    "Setting up: the training loop has not started yet" through its first recorded step,
+    and had no loop to call a first step that never ends a hang in."""
+    p = tcp_probe("marked", system_interval_s=0)
+    reader = attached(p)
+    assert reader.of_kind("hello")[-1]["loop"] == "not-started"
+    p.step()  # the end of step 0, unrecorded: the loop has begun
+    reader.pump(1.0, until="loop")
+    loops = reader.of_kind("loop")
+    assert [(m["state"], m["how"], m["step_index"]) for m in loops] == [("in-loop", None, 0)]
+    for _ in range(3):
+        p.step()
+    reader.pump(1.0)
+    p.close()
+    reader.pump(0.3)
+    reader.close()
+    assert len(reader.of_kind("loop")) == 1  # once, at the first mark
+    assert [r["index"] for r in reader.steps()] == [0, 1, 2]
+    assert reader.of_kind("hello")[-1]["loop"] == "in-loop"
+
+
 @pytest.mark.parametrize(
     ("body", "how"),
     [
@@ -866,7 +888,8 @@ def test_a_loop_timed_with_step_marks_its_evaluation_outside() -> None:
     reader.pump(0.3)
     reader.close()
     loops = [(m["state"], m["how"]) for m in reader.of_kind("loop")]
-    assert loops[0] == ("outside", "marked:evaluation"), loops
+    # The first mark began the loop (test_the_first_mark_of_a_step_loop_says_the_loop_began)
+    assert loops[:2] == [("in-loop", None), ("outside", "marked:evaluation")], loops
     assert ("outside", "marked:checkpoint") in loops
     assert loops[-1] == ("in-loop", None), loops
     records = reader.steps()
