@@ -891,7 +891,9 @@ def _cpu(ctx: Context) -> Cause | None:
             after,
         )
     if workers is None:
-        return _single_threaded(ctx)
+        # No process figures: the loader's CPU is not known (nor the main process's, from
+        # the same samples), and a loader without workers is the case above.
+        return None
     if ctx.loader_cpu_bound:
         if h.free_cores is not None and not cpu_full(ctx, FREE_CORES_FOR_WORKERS):
             advice, after, _ = _workers_advice(ctx, workers)
@@ -1074,29 +1076,6 @@ def _cpu_workers(ctx: Context, confidence: float, summary: str) -> Cause:
         f"CPU-bound preprocessing: {summary}",
         tuple(host_evidence(ctx)),
         tuple(advice),
-    )
-
-
-def _single_threaded(ctx: Context) -> Cause | None:
-    """No loader info and no worker processes: one pinned main process is the loader."""
-    h = ctx.host
-    if h.main_cpu_pct is None or h.main_cpu_pct < PROCESS_SATURATED_PCT:
-        return None
-    if h.free_cores is None or cpu_full(ctx, FREE_CORES_FOR_WORKERS):
-        return None
-    return Cause(
-        "few-workers",
-        0.6,
-        "the input pipeline looks single-threaded (main process pinned, cores idle)",
-        tuple(host_evidence(ctx)),
-        (
-            "load batches in parallel: "
-            + knobs.knob(
-                ctx.framework,
-                "num_workers",
-                fmt.worker_range(*suggest_workers(0, h.free_cores, h.usable_cores)),
-            ),
-        ),
     )
 
 
