@@ -200,3 +200,63 @@ def test_a_killed_worker_restarts_demo_leaves_no_worker_behind() -> None:
             psutil.Process(pid).kill()
         left |= alive
     assert not left, f"workers left running after the training was killed: {sorted(left)}"
+
+
+# --- a late viewer of a run of slow steps ----------------------------------------------------
+
+SLOW_STEPS = r"""
+import sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from gputop_dl import probe
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+
+class RemoteStore(Dataset):  # each batch waits on a slow store: 1.6 s of a 2 s step
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        time.sleep(1.6 / 8)
+        return torch.randn(16), torch.randint(0, 4, ()).item()
+
+
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+p = probe.Probe(name="slow-steps", listen="tcp://127.0.0.1:*")
+print(p.endpoint, flush=True)
+for i, (x, y) in enumerate(p.watch(DataLoader(RemoteStore(), batch_size=8))):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(0.4)  # the rest of a 2 s step (a device's work, here a sleep)
+    print(i, flush=True)
+"""
+
+
+def test_a_viewer_that_attaches_late_to_2_s_steps_gives_a_verdict_in_2_s() -> None:
+    """Issue 8: `gputop snapshot --wait 2` on a run of 2 s steps said "Warming up: 3 of 5
+    steps needed" (a viewer saw only the steps after it attached). The probe's history
+    replay gives it the run's past at once: a real verdict (input-bound: 80 % of each
+    step waits on the store), with the steps before it attached."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STEPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        endpoint = child.stdout.readline().decode().strip()
+        assert endpoint.startswith("tcp://"), child.stderr.read() if child.stderr else ""
+        steps = 0
+        while steps < 6:  # nobody watches them live: six steps, ~12 s, before attaching
+            line = child.stdout.readline()
+            assert line, "the training ended early"
+            steps += 1
+        snap = snapshot(endpoint, wait=2)
+    finally:
+        stop_child(child)
+    verdict = verdict_of(snap)
+    assert verdict["kind"] == "input-bound", verdict  # (without the replay: warming-up)
+    assert snap["runs"][0]["steps"] >= 6, snap["runs"][0]
