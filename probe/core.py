@@ -1060,22 +1060,24 @@ class Probe:
                 # last step before it (nor does the first step wait from before the loop).
                 loop = self._loop  # once: the training thread may change it meanwhile
                 entered = self._loop_since if loop == "in-loop" else None
-                stalled = stall_watch.due(
-                    time.time(),
-                    last_end if entered is None else max(last_end or entered, entered),
-                    drain.next_index,
-                    periods,
-                    loop != "outside",
-                )
-                if stalled is not None and self._train_thread is not None:
+                wall = time.time()
+                since = last_end if entered is None else max(last_end or entered, entered)
+                at = drain.next_index  # the step in progress
+                stalled = stall_watch.due(wall, since, at, periods, loop != "outside")
+                looked = stalled
+                if stalled is None:
+                    looked = stall_watch.peek_due(wall, since, at, periods, loop == "in-loop")
+                if looked is not None and self._train_thread is not None:
                     segment = self._segment  # once: the training thread may change it
                     fetching = segment is not None and segment.in_fetch()
                     stack = stacks.take_stack(
-                        self.source_id, self._train_thread, stalled, drain.next_index, fetching
+                        self.source_id, self._train_thread, looked, at, fetching
                     )
-                    stack_frames = encode(stack) if stack is not None else None
-                    if stack_frames is not None:
-                        send(stack_frames)
+                    if stalled is not None or (stack is not None and stacks.is_away(stack)):
+                        # (a long step elsewhere is no news before it is a stall)
+                        stack_frames = encode(stack) if stack is not None else None
+                        if stack_frames is not None:
+                            send(stack_frames)
                 if self._sampler is not None:
                     for sample in self._sampler.take():
                         try:

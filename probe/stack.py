@@ -32,6 +32,13 @@ MIN_STEPS = 5  # fewer steps: no typical period, the viewer says "warming up"
 # FIRST_STEPS_STALL_S, the viewer's warning): a first step that hangs (NCCL setup, a
 # loader that cannot start) shows where; one that compiles shows that too.
 FIRST_STEPS_STALL_S = 30.0
+# A step this much longer than typical (and at least AWAY_PEEK_MIN_S) is looked at once,
+# before it is a stall: a training thread found in its framework's evaluation or
+# checkpoint code (AWAY_FRAMES) is away from the loop, and its stack is sent at once.
+# Lightning validates between two fetches of a watched loader: without the callback the
+# viewer showed the last verdict through the first 10 s of every validation.
+AWAY_PEEK_FACTOR = 3.0
+AWAY_PEEK_MIN_S = 2.0
 MAX_FRAMES = 32
 # The watched loop's own file: a frame of it on the training thread's stack is a fetch of
 # the next batch in progress (between steps its generators are suspended, on no stack).
@@ -250,6 +257,7 @@ class StallWatch:
 
     def __init__(self) -> None:
         self.taken_for: int | None = None  # the step index of the last stall captured
+        self.peeked_for: int | None = None  # the step index last looked at for away code
 
     def due(
         self,
@@ -264,10 +272,8 @@ class StallWatch:
         ``last_end``: Unix time the last step ended, or the loop was entered if later
         (a pass after an evaluation waits from there); ``next_index``: the index of the
         step in progress (steps published so far); ``periods_us``: recent step periods."""
-        if not in_loop or last_end is None or self.taken_for == next_index:
-            return None
-        stalled = now - last_end
-        if stalled <= STALL_MIN_S:  # the usual case: no median of the periods needed
+        stalled = _waited(now, last_end, in_loop, next_index, self.taken_for)
+        if stalled is None or stalled <= STALL_MIN_S:  # usual: no median of the periods
             return None
         limit = stall_threshold(periods_us)
         if limit is None:  # no typical step yet: the first steps may take long
@@ -276,6 +282,43 @@ class StallWatch:
             return None
         self.taken_for = next_index
         return stalled
+
+    def peek_due(
+        self, now: float, since: float | None, at: int, periods_us: Sequence[int], in_loop: bool
+    ) -> float | None:
+        """Seconds without a step when the training thread should be looked at for a
+        framework's evaluation or checkpoint code (:func:`is_away`), once a step: past
+        AWAY_PEEK_FACTOR typical steps and AWAY_PEEK_MIN_S, before a stall (its stack is
+        taken by :meth:`due`). None without a typical step (the first steps may take
+        long for reasons of their own). ``since``, ``at``: :meth:`due`'s ``last_end``
+        and ``next_index``."""
+        stalled = _waited(now, since, in_loop, at, self.peeked_for)
+        if stalled is None or stalled <= AWAY_PEEK_MIN_S or len(periods_us) < MIN_STEPS:
+            return None
+        limit = stall_threshold(periods_us)
+        typical = statistics.median(periods_us) / 1e6
+        if stalled <= AWAY_PEEK_FACTOR * typical or limit is None or stalled > limit:
+            return None
+        self.peeked_for = at
+        return stalled
+
+
+def _waited(
+    now: float, last_end: float | None, in_loop: bool, next_index: int, done_for: int | None
+) -> float | None:
+    """Seconds without a step; None outside the loop, before any step, or for the step
+    ``done_for`` (already looked at)."""
+    if not in_loop or last_end is None or done_for == next_index:
+        return None
+    return now - last_end
+
+
+def is_away(stack: Stack) -> bool:
+    """Whether ``stack`` is in a framework's evaluation or checkpoint code (AWAY_FRAMES),
+    outside a fetch."""
+    return not stack.fetching and any(
+        away_in(frame.file, frame.function) is not None for frame in stack.frames
+    )
 
 
 def take_stack(

@@ -271,6 +271,48 @@ def test_lightning_validation_inside_an_epoch_is_outside_the_loop(
         p.close()
 
 
+def test_lightning_validation_with_watch_only_is_outside_the_loop_within_3_s() -> None:
+    """`trainer.fit(model, probe.watch(loader))` without the callback: Lightning validates
+    between two fetches of the watched pass, which stays open. The viewer showed the
+    last verdict through the first 10 s of every validation (the stall threshold, when
+    the probe took its stack); the probe now looks at a step 3x typical and past 2 s,
+    and sends the stack at once when it is in Lightning's evaluation loop."""
+    L = pytest.importorskip("lightning.pytorch", reason="pip install gputop-dl[frameworks]")
+    from gputop_dl.probe.messages import Stack
+    from gputop_dl.probe.protocol import decode
+    from gputop_dl.probe.stack import is_away
+    from gputop_dl.probe.transport import Subscriber
+
+    class Model(regressor_module(L)):  # type: ignore[misc]
+        def validation_step(self, batch: Any, _i: int) -> None:
+            pass
+
+    p = probe.Probe(name="pl-watch-only", system_interval_s=0, listen="tcp://127.0.0.1:*")
+    sub = Subscriber()
+    sub.connect(p.endpoint or "")
+    time.sleep(0.3)
+    try:
+        trainer = L.Trainer(
+            max_epochs=1, val_check_interval=0.5, num_sanity_val_steps=0, **LIGHTNING_QUIET
+        )
+        trainer.fit(
+            Model(),
+            p.watch(DataLoader(dataset(60), batch_size=2)),
+            DataLoader(SlowItems(8, 0.4), batch_size=2),  # 3.2 s of validation, twice
+        )
+        p.close()
+        stacks = [
+            m for m in map(decode, sub.receive(1.0, max_messages=10_000)) if isinstance(m, Stack)
+        ]
+    finally:
+        p.close()
+        sub.close()
+    assert len(stacks) == 2, stacks  # one a validation
+    for stack in stacks:
+        assert is_away(stack) and stack.stalled_s < 3.2, stack
+        assert any("evaluation_loop.py" in f.file for f in stack.frames), stack.frames
+
+
 def test_lightning_checkpoints_inside_an_epoch_are_outside_the_loop(tmp_path: Path) -> None:
     """ModelCheckpoint (last of the callbacks) saves after our batch end: its write was
     the next step's data wait ("input-bound"), and a stall once it lasted."""

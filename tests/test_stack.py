@@ -72,6 +72,37 @@ def test_a_stack_is_due_once_per_stall_inside_the_loop_past_the_threshold() -> N
     assert due(T0 + 90, T0 + 70, 8, periods, True) == pytest.approx(20.0)  # a new stall
 
 
+@pytest.mark.parametrize(
+    ("now", "last_end", "periods", "in_loop", "expected"),
+    [
+        (T0 + 1.5, T0, [100_000] * 30, True, None),  # under AWAY_PEEK_MIN_S
+        (T0 + 2.5, T0, [100_000] * 30, True, 2.5),  # 25 typical steps, 2.5 s
+        (T0 + 2.5, T0, [100_000] * 30, False, None),  # outside the loop
+        (T0 + 2.5, None, [100_000] * 30, True, None),  # no step yet
+        (T0 + 2.5, T0, [100_000] * 4, True, None),  # no typical step yet
+        (T0 + 2.5, T0, [1_000_000] * 30, True, None),  # 2.5 typical 1 s steps: a step
+        (T0 + 3.5, T0, [1_000_000] * 30, True, 3.5),
+        (T0 + 11, T0, [100_000] * 30, True, None),  # a stall: due() takes that one
+    ],
+)
+def test_a_long_step_is_looked_at_for_away_code_before_a_stall(
+    now: float, last_end: float | None, periods: list[int], in_loop: bool, expected: float | None
+) -> None:
+    watch = stacks.StallWatch()
+    assert watch.peek_due(now, last_end, 7, periods, in_loop) == (
+        None if expected is None else pytest.approx(expected)
+    )
+
+
+def test_a_step_is_looked_at_once_and_its_stall_still_gets_its_stack() -> None:
+    watch = stacks.StallWatch()
+    periods = [100_000] * 30
+    assert watch.peek_due(T0 + 3, T0, 7, periods, True) == pytest.approx(3.0)
+    assert watch.peek_due(T0 + 4, T0, 7, periods, True) is None  # once a step
+    assert watch.due(T0 + 11, T0, 7, periods, True) == pytest.approx(11.0)  # still taken
+    assert watch.peek_due(T0 + 13, T0 + 10, 8, periods, True) == pytest.approx(3.0)  # next
+
+
 # ------------------------------------------------------------------ capture
 def _sleeper(ready: threading.Event, stop: threading.Event) -> None:
     ready.set()
@@ -393,6 +424,29 @@ def test_a_stall_in_a_frameworks_evaluation_is_the_loop_left(
     assert fetching.kind == "stalled"
 
 
+@pytest.mark.parametrize(("frames", "what"), AWAY_CASES.values(), ids=AWAY_CASES.keys())
+def test_away_code_before_a_stall_is_the_loop_left_at_once(
+    frames: tuple[Frame, ...], what: str | None
+) -> None:
+    """Lightning validates between two fetches of a watched loader: the probe looks at a
+    step 3x typical (probe.stack.AWAY_PEEK_FACTOR) and sends the stack only if it is in
+    such code. The viewer showed the last verdict through the first 10 s (the stall
+    threshold) of every validation; now "outside the loop" as the stack comes."""
+    early = Stack("h:1", T0 + 4, 10, 3.0, frames, thread="MainThread")
+    verdict = analyze(Window(T0 + 4.0, steps(), (), hello(), early, None))
+    if what is None:  # (never sent before a stall; if it were: no verdict of it)
+        assert verdict.kind not in ("outside-loop", "stalled"), verdict
+        return
+    assert (verdict.kind, verdict.severity) == ("outside-loop", "info"), verdict
+    assert verdict.headline == f"Outside the training loop for 3.0 s: {what} (the probe's stack)"
+    # Not for a stack of an earlier step, nor one in the loader's fetch.
+    old = analyze(Window(T0 + 4.0, steps(), (), hello(), replace(early, step_index=5), None))
+    fetching = replace(early, fetching=True)
+    assert old.kind != "outside-loop" and analyze(
+        Window(T0 + 4.0, steps(), (), hello(), fetching, None)
+    ).kind not in ("outside-loop", "stalled")
+
+
 def test_the_viewer_keeps_the_newest_stack_cleaned() -> None:
     state = ViewerState("h", pid_alive=False)
     dirty = Frame("/t/x.py", 3, "f\x1b[2J", "sleep()\x07")
@@ -493,10 +547,12 @@ def test_a_stalled_training_names_the_line_it_sleeps_on(tmp_path: Path) -> None:
             train.kill()
             train.wait()
     result = json.loads(out.strip().splitlines()[-1])
-    # Once per stall, and never on the training thread: on the publisher thread.
-    assert len(result["calls"]) == 1
-    ident, name = result["calls"][0]
-    assert ident != result["training"] and name == "gputop-publisher"
+    # Twice a stall (once looked at for a framework's evaluation, past 3 typical steps
+    # and 2 s, not sent; once taken at the threshold), and never on the training thread:
+    # on the publisher thread.
+    assert len(result["calls"]) == 2
+    for ident, name in result["calls"]:
+        assert ident != result["training"] and name == "gputop-publisher"
 
 
 def test_a_first_step_that_hangs_gets_its_stack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -619,3 +675,38 @@ def stacks_sent(train: Callable[[Any], None]) -> list[Stack]:
         p.close()
         sub.close()
     return read
+
+
+def _validates(seconds: float) -> None:
+    """Stands for Lightning's validation, run between two fetches of a watched loader."""
+    namespace: dict[str, Any] = {"time": time}
+    source = "class _EvaluationLoop:\n    def run(self, s):\n        time.sleep(s)\n"
+    exec(compile(source, EVALUATION_LOOP, "exec"), namespace)
+    namespace["_EvaluationLoop"]().run(seconds)
+
+
+@pytest.mark.parametrize("away", [True, False], ids=["validation", "a long step"])
+def test_the_probe_sends_a_long_steps_stack_before_a_stall_only_from_away_code(
+    away: bool,
+) -> None:
+    """A 3 s break in a loop of 50 ms steps, under the 10 s stall threshold: in
+    Lightning's evaluation loop the probe sends its stack (the viewer says "outside the
+    loop" at once); in the training's own code it sends none (no news before a stall)."""
+
+    def train(p: Any) -> None:
+        for i in p.watch(range(40)):
+            time.sleep(0.05)
+            if i == 20:
+                _validates(3.0) if away else time.sleep(3.0)
+
+    sent = stacks_sent(train)
+    if not away:
+        assert sent == []
+        return
+    (stack,) = sent
+    assert stack.step_index == 20 and 2.0 < stack.stalled_s < 3.0, stack  # the step in it
+    assert stacks.is_away(stack) and not stack.fetching
+    # The viewer, that long after its last step (steps(20) end at T0 + 2 s): under the
+    # stall threshold, outside the loop.
+    verdict = analyze(Window(T0 + 2.0 + stack.stalled_s, steps(20), (), hello(), stack, None))
+    assert verdict.kind == "outside-loop", verdict

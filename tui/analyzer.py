@@ -672,7 +672,15 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     gap = window.now - since
     limit = max(STALL_FACTOR * typical, STALL_MIN_S)
     if gap <= limit:
-        return None
+        # Before a stall the probe sends a stack only when it found the training thread in
+        # a framework's evaluation or checkpoint code (probe.stack.AWAY_PEEK_FACTOR): a
+        # validation Lightning runs between two fetches of a watched loader.
+        early = current(window.stack, last_index)
+        away = framework_away(early) if early is not None and not early.fetching else None
+        if away is None:
+            return None
+        in_loop = hello is not None and hello.loop == "in-loop"
+        return _away(gap, away, _process_state(window.systems, window.now, in_loop))
     rule = (
         f"stall threshold {fmt.dur(limit)} "
         f"(max of {STALL_FACTOR:.0f}x typical step, {fmt.dur(STALL_MIN_S)})"
