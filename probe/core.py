@@ -1073,8 +1073,11 @@ class Probe:
                     stack = stacks.take_stack(
                         self.source_id, self._train_thread, looked, at, fetching
                     )
-                    if stalled is not None or (stack is not None and stacks.is_away(stack)):
-                        # (a long step elsewhere is no news before it is a stall)
+                    # A look before a stall sends only a stack in a framework's evaluation
+                    # or checkpoint code: a long step elsewhere is no news until a stall.
+                    if stalled is not None or (
+                        stack is not None and stacks.framework_away(stack) is not None
+                    ):
                         stack_frames = encode(stack) if stack is not None else None
                         if stack_frames is not None:
                             send(stack_frames)

@@ -50,13 +50,25 @@ MAX_FUNCTION = 128
 MAX_CODE = 200
 
 
-def stall_threshold(periods_us: Sequence[int]) -> float | None:
-    """Seconds without a step after which the run counts as stalled; None with too few
-    steps to know what is typical. ``periods_us``: recent step periods in microseconds,
-    as the publisher keeps them (no copy in seconds on every wake-up)."""
+def typical_s(periods_us: Sequence[int]) -> float | None:
+    """The typical step, in seconds: the median of ``periods_us``, recent step periods in
+    microseconds as the publisher keeps them (no copy in seconds on every wake-up); None
+    with too few steps to know it."""
     if len(periods_us) < MIN_STEPS:
         return None
-    return max(STALL_FACTOR * statistics.median(periods_us) / 1e6, STALL_MIN_S)
+    return statistics.median(periods_us) / 1e6
+
+
+def stall_threshold(periods_us: Sequence[int]) -> float | None:
+    """Seconds without a step after which the run counts as stalled; None with too few
+    steps to know what is typical (:func:`typical_s`)."""
+    typical = typical_s(periods_us)
+    return None if typical is None else stall_limit(typical)
+
+
+def stall_limit(typical_s: float) -> float:
+    """The stall threshold for a typical step of ``typical_s`` seconds."""
+    return max(STALL_FACTOR * typical_s, STALL_MIN_S)
 
 
 def cut_head(text: str, limit: int) -> str:
@@ -73,7 +85,8 @@ def cut_tail(text: str, limit: int) -> str:
 # from its loop, not stuck inside a step. Lightning validates inside the training epoch
 # (before on_train_epoch_end, and mid-epoch with val_check_interval); the HF Trainer
 # evaluates and saves between two steps; a loader that `watch` times sees neither. The
-# viewer names it (tui/analysis/stuck.py); the probe keeps such frames however deep.
+# viewer names it (framework_away, in tui/analyzer.py); the probe keeps such frames however
+# deep, and sends such a stack before a stall (StallWatch.peek_due).
 AWAY_FRAMES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
     ("lightning/pytorch/loops/evaluation_loop.py", None, "Lightning's validation"),
     ("pytorch_lightning/loops/evaluation_loop.py", None, "Lightning's validation"),
@@ -287,18 +300,19 @@ class StallWatch:
         self, now: float, since: float | None, at: int, periods_us: Sequence[int], in_loop: bool
     ) -> float | None:
         """Seconds without a step when the training thread should be looked at for a
-        framework's evaluation or checkpoint code (:func:`is_away`), once a step: past
+        framework's evaluation or checkpoint code (:func:`framework_away`), once a step: past
         AWAY_PEEK_FACTOR typical steps and AWAY_PEEK_MIN_S, before a stall (its stack is
         taken by :meth:`due`). None without a typical step (the first steps may take
         long for reasons of their own). ``since``, ``at``: :meth:`due`'s ``last_end``
         and ``next_index``."""
         stalled = _waited(now, since, in_loop, at, self.peeked_for)
-        if stalled is None or stalled <= AWAY_PEEK_MIN_S or len(periods_us) < MIN_STEPS:
+        typical = typical_s(periods_us)
+        if stalled is None or typical is None:
             return None
-        limit = stall_threshold(periods_us)
-        typical = statistics.median(periods_us) / 1e6
-        if stalled <= AWAY_PEEK_FACTOR * typical or limit is None or stalled > limit:
+        if stalled <= max(AWAY_PEEK_FACTOR * typical, AWAY_PEEK_MIN_S):
             return None
+        if stalled > stall_limit(typical):
+            return None  # a stall: due() takes its stack (a wake-up late past the look)
         self.peeked_for = at
         return stalled
 
@@ -313,12 +327,19 @@ def _waited(
     return now - last_end
 
 
-def is_away(stack: Stack) -> bool:
-    """Whether ``stack`` is in a framework's evaluation or checkpoint code (AWAY_FRAMES),
-    outside a fetch."""
-    return not stack.fetching and any(
-        away_in(frame.file, frame.function) is not None for frame in stack.frames
-    )
+def framework_away(stack: Stack) -> tuple[str, Frame] | None:
+    """What framework code the stack is in, away from the training loop, and its frame
+    (the innermost such one); None if none of its frames is (the probe keeps such a
+    frame among those it sends however deep it is: :func:`frames_of`), or if the thread
+    is inside the watched loader's fetch (the loader's, whatever called it). For the
+    probe (what to send before a stall) and the viewer (what it says) alike."""
+    if stack.fetching:
+        return None
+    for frame in stack.frames:
+        what = away_in(frame.file, frame.function)
+        if what is not None:
+            return what, frame
+    return None
 
 
 def take_stack(

@@ -159,9 +159,10 @@ def test_a_frameworks_evaluation_frame_is_kept_however_deep() -> None:
     assert frames[-1].file == EVALUATION_LOOP and frames[-1].function == "_EvaluationLoop.run"
     assert all(f.function == "_deep" for f in frames[:-1])
     assert left_out > 60 - stacks.MAX_FRAMES
-    assert stuck.framework_away(stack(*frames)) == ("Lightning's validation", frames[-1])
+    assert stacks.framework_away(stack(*frames)) == ("Lightning's validation", frames[-1])
+    assert stacks.framework_away(stack(*frames, fetching=True)) is None  # the loader's
     shallow, _ = stacks.frames_of(_deep(60))
-    assert stuck.framework_away(stack(*shallow)) is None
+    assert stacks.framework_away(stack(*shallow)) is None
 
 
 def test_frames_are_bounded() -> None:
@@ -705,7 +706,7 @@ def test_the_probe_sends_a_long_steps_stack_before_a_stall_only_from_away_code(
         return
     (stack,) = sent
     assert stack.step_index == 20 and 2.0 < stack.stalled_s < 3.0, stack  # the step in it
-    assert stacks.is_away(stack) and not stack.fetching
+    assert stacks.framework_away(stack) is not None  # (None inside the loader's fetch)
     # The viewer, that long after its last step (steps(20) end at T0 + 2 s): under the
     # stall threshold, outside the loop.
     verdict = analyze(Window(T0 + 2.0 + stack.stalled_s, steps(20), (), hello(), stack, None))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from gputop_dl.probe.messages import MARKED, Frame, Hello, LoaderInfo, Stack, StepRecord
 from gputop_dl.probe.samples import SystemSample
+from gputop_dl.probe.stack import framework_away
 from gputop_dl.tui.analysis import fmt, knobs
 from gputop_dl.tui.analysis.causes import (
     CPU_FULL_CAUSES,
@@ -55,7 +56,6 @@ from gputop_dl.tui.analysis.steps import (
 from gputop_dl.tui.analysis.stuck import (
     Ptrace,
     current,
-    framework_away,
     pyspy_advice,
     stack_evidence,
     where,
@@ -671,15 +671,15 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
     from_entry = since != end
     gap = window.now - since
     limit = max(STALL_FACTOR * typical, STALL_MIN_S)
+    stack = current(window.stack, last_index)
+    away = framework_away(stack) if stack is not None else None
+    in_loop = hello is not None and hello.loop == "in-loop"
     if gap <= limit:
         # Before a stall the probe sends a stack only when it found the training thread in
         # a framework's evaluation or checkpoint code (probe.stack.AWAY_PEEK_FACTOR): a
         # validation Lightning runs between two fetches of a watched loader.
-        early = current(window.stack, last_index)
-        away = framework_away(early) if early is not None and not early.fetching else None
         if away is None:
             return None
-        in_loop = hello is not None and hello.loop == "in-loop"
         return _away(gap, away, _process_state(window.systems, window.now, in_loop))
     rule = (
         f"stall threshold {fmt.dur(limit)} "
@@ -690,26 +690,20 @@ def _stalled(window: Window, steps: list[StepRecord]) -> Verdict | None:
         start = _pass_start_now(hello)
         if start is not None:
             usual, took = start
-            taken = current(window.stack, last_index)
-            starting = _starting_pass(window, gap, limit, usual, took, taken)
+            starting = _starting_pass(window, gap, limit, usual, took, stack)
             if starting is not None:
                 return starting
             # (a stack outside the loader: not the start's time; a start of 0 s: no ratio)
-            if usual and (taken is None or taken.fetching):
+            if usual and (stack is None or stack.fetching):
                 evidence.append(f"{took}: this start has taken {gap / usual:.1f}x that")
     else:
         evidence = [f"last step {last_index} ended {fmt.dur(gap)} ago; {rule}"]
-    state = _process_state(
-        window.systems, window.now, hello is not None and hello.loop == "in-loop"
-    )
+    state = _process_state(window.systems, window.now, in_loop)
     if state:
         evidence.append(state)
-    stack = current(window.stack, last_index)
-    if stack is not None and not stack.fetching:
-        away = framework_away(stack)
-        if away is not None:
-            return _away(gap, away, state)
-    elif stack is None and gap <= limit + STACK_GRACE_S and hello is not None:
+    if away is not None:
+        return _away(gap, away, state)
+    if stack is None and gap <= limit + STACK_GRACE_S and hello is not None:
         return None  # the probe's stack is on its way: it may show the loop was left
     if stack is not None:
         evidence.extend(stack_evidence(stack))

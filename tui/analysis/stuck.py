@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputop_dl.probe.messages import Frame, Stack
-from gputop_dl.probe.stack import away_in
 from gputop_dl.tui.analysis import fmt
 
 SHOWN_FRAMES = 3  # innermost frames in the evidence (the JSON carries all of them)
@@ -36,17 +35,6 @@ def where(frame: Frame) -> str:
     path = frame.file if len(frame.file) <= SHOWN_PATH else "…" + frame.file[-(SHOWN_PATH - 1) :]
     code = f": {frame.code}" if frame.code else ""
     return f"{path}:{frame.line} in {frame.function}(){code}"
-
-
-def framework_away(stack: Stack) -> tuple[str, Frame] | None:
-    """What framework code the stack is in, away from the training loop, and its frame
-    (the innermost such one); None if none of its frames is (the probe keeps such a
-    frame among those it sends however deep it is: probe/stack.py, frames_of)."""
-    for frame in stack.frames:
-        what = away_in(frame.file, frame.function)
-        if what is not None:
-            return what, frame
-    return None
 
 
 def current(stack: Stack | None, last_index: int | None) -> Stack | None:
