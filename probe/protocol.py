@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import pairwise, repeat
 from operator import attrgetter, floordiv, sub
 from typing import Annotated, Any, overload
 
@@ -435,8 +435,11 @@ def _steps_from_wire(wire: _WireSteps, *, plausible: bool) -> Steps:
         run_rows, plausible_runs = _rows_of_runs(wire.clock_ns, wire.runs)
         plausible = plausible and plausible_runs
         # Each in index order: records and runs interleave only around a pass's first
-        # steps (timed in Python by the probe), so merging by index is rare.
-        rows = tuple(sorted(rows + run_rows, key=_index) if rows else run_rows)
+        # steps (timed in Python by the probe), so merging by index is rare. Runs out of
+        # order or overlapping (no probe sends them: a hostile peer may) are merged too.
+        runs_in_order = all(a.first + len(a.samples) <= b.first for a, b in pairwise(wire.runs))
+        merge = rows or not runs_in_order
+        rows = tuple(sorted(rows + run_rows, key=_index) if merge else run_rows)
     # An offset is at most 1e7 s: only a base that close to the limit needs a look at each.
     if (
         base > TIME_MAX - _MAX_OFFSET_S
