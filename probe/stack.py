@@ -306,8 +306,10 @@ class StallWatch:
         long for reasons of their own). ``since``, ``at``: :meth:`due`'s ``last_end``
         and ``next_index``."""
         stalled = _waited(now, since, in_loop, at, self.peeked_for)
+        if stalled is None or stalled <= AWAY_PEEK_MIN_S:  # usual: no median of the periods
+            return None
         typical = typical_s(periods_us)
-        if stalled is None or typical is None:
+        if typical is None:
             return None
         if stalled <= max(AWAY_PEEK_FACTOR * typical, AWAY_PEEK_MIN_S):
             return None
